@@ -1,0 +1,237 @@
+"""`python -m sweep <experiment>`: build the grid, skip what is done, run the rest on Ray, land Parquet rows."""
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import sys
+import time
+from pathlib import Path
+
+from sweep.experiments import EXPERIMENTS, GridSettings
+from sweep.grid import TrialSpec, data_key
+from sweep.store import finished_trial_ids, rows_dir
+
+# Each preset fills in whatever the command line leaves unset; "demo" is the embedded offline default.
+PRESETS = {
+    "demo": dict(model="minilm", tasks=["synthetic"], sizes=[500], trials=["3"]),
+    "paper": dict(
+        model="bert-base-uncased",
+        tasks=["sst2", "cola", "qnli"],
+        sizes=[500, 5000, 50000],
+        trials=["500=50", "3"],
+        skip=frozenset({("cola", 50000)}),
+    ),
+}
+
+# Layer counts of the paper's models, so that `--preset paper --dry-run` can count its grid offline.
+KNOWN_LAYER_COUNTS = {"bert-base-uncased": 12, "bert-base-cased": 12, "bert-large-uncased": 24}
+
+
+def parse_trials(values: list[str]) -> tuple[tuple[int, int], ...]:
+    """'3' (every size) or 'SIZE=COUNT' items, e.g. `--trials 500=50 3`."""
+    counts = []
+    for value in values:
+        size, _, count = value.rpartition("=")
+        try:
+            counts.append((int(size) if size else 0, int(count)))
+        except ValueError:
+            raise SystemExit(f"--trials: '{value}' is neither a count nor SIZE=COUNT (e.g. 3 or 500=50)")
+        if counts[-1][1] < 1:
+            raise SystemExit(f"--trials: '{value}' asks for {counts[-1][1]} trials; give at least 1")
+    return tuple(counts)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m sweep",
+        description="Partial-reinitialization finetuning sweeps on Ray Tune; one Parquet row per trial.",
+    )
+    p.add_argument("experiment", choices=sorted(EXPERIMENTS), help="which ablation grid to run")
+    p.add_argument("--preset", choices=sorted(PRESETS), default="demo",
+                   help="fills every grid option you leave unset (default: demo, offline MiniLM on the "
+                        "built-in synthetic task; paper: the paper's grid on bert-base-uncased)")
+    grid = p.add_argument_group("grid")
+    grid.add_argument("--model", help="hub name, local folder, or 'minilm' (the offline MiniLM package)")
+    grid.add_argument("--tasks", nargs="+", help="GLUE names (sst2 cola qnli rte mrpc stsb wnli) or synthetic")
+    grid.add_argument("--data-dir", help="a local GLUE folder (SST-2/train.tsv, ...); default: the hub")
+    grid.add_argument("--sizes", nargs="+", type=int, help="training subset sizes")
+    grid.add_argument("--trials", nargs="+", help="trials per size: N, or SIZE=N items (e.g. 500=50 3)")
+    grid.add_argument("--k", nargs="+", type=int, help="restrict the kept-layer counts (default 0..L)")
+    grid.add_argument("--seed", type=int, default=0, help="base seed; trial i uses seed+i")
+    train = p.add_argument_group("finetuning")
+    train.add_argument("--epochs", type=int, help="default: 5 for subsets of <=500 examples, else 3")
+    train.add_argument("--lr", type=float, default=2e-5)
+    train.add_argument("--batch-size", type=int, default=8)
+    train.add_argument("--max-length", type=int, default=128)
+    train.add_argument("--weight-decay", type=float, default=0.0)
+    train.add_argument("--lr-schedule", choices=["linear", "constant"], default="linear")
+    train.add_argument("--reinit-mode", choices=["intended", "paper-code"], default="intended",
+                       help="intended: the paper's description; paper-code: the original code's quirks")
+    train.add_argument("--reinit-pooler", action="store_true", help="also reinitialize the pooler")
+    run = p.add_argument_group("running")
+    run.add_argument("--gpus-per-trial", type=float, default=0.0, help="a GPU share, e.g. 0.25; 0 = CPU")
+    run.add_argument("--cpus-per-trial", type=float, default=1.0)
+    run.add_argument("--address", help="an existing Ray cluster (or 'auto'); default: start a local one")
+    run.add_argument("--storage", default="./results", help="results folder (default ./results)")
+    run.add_argument("--name", help="sweep name, a folder under --storage (default: the experiment)")
+    run.add_argument("--dry-run", action="store_true", help="print the grid and run nothing")
+    return p
+
+
+def settings_from_args(args) -> GridSettings:
+    preset = PRESETS[args.preset]
+    pick = lambda name: getattr(args, name) if getattr(args, name) is not None else preset.get(name)  # noqa: E731
+    return GridSettings(
+        model=pick("model"),
+        tasks=tuple(pick("tasks")),
+        sizes=tuple(pick("sizes")),
+        trials=parse_trials(pick("trials")),
+        data_dir=str(Path(args.data_dir).resolve()) if args.data_dir else None,
+        k=tuple(args.k) if args.k is not None else None,
+        skip=preset.get("skip", frozenset()),
+        epochs=args.epochs,
+        lr=args.lr,
+        batch_size=args.batch_size,
+        max_length=args.max_length,
+        weight_decay=args.weight_decay,
+        lr_schedule=args.lr_schedule,
+        reinit_mode=args.reinit_mode,
+        reinit_pooler=args.reinit_pooler,
+        seed=args.seed,
+    )
+
+
+def validate(settings: GridSettings, args, num_layers: int) -> list[str]:
+    """Every problem with the request, each naming the option, the value and what is allowed."""
+    from trainables.tasks import TASKS
+
+    problems = []
+    for task in settings.tasks:
+        if task not in TASKS:
+            problems.append(f"--tasks: unknown task '{task}'; allowed: {', '.join(sorted(TASKS))}")
+    for size in settings.sizes:
+        if size <= 0:
+            problems.append(f"--sizes: {size} is not a positive number of training examples")
+    for k in settings.k or ():
+        if not 0 <= k <= num_layers:
+            problems.append(f"--k: {k} is outside 0..{num_layers} for {settings.model} ({num_layers} layers)")
+    if settings.epochs is not None and settings.epochs < 1:
+        problems.append(f"--epochs: {settings.epochs} must be at least 1")
+    if settings.lr <= 0:
+        problems.append(f"--lr: {settings.lr} must be positive")
+    if settings.batch_size < 1:
+        problems.append(f"--batch-size: {settings.batch_size} must be at least 1")
+    if not 0 <= args.gpus_per_trial <= 1 and not float(args.gpus_per_trial).is_integer():
+        problems.append(f"--gpus-per-trial: {args.gpus_per_trial} must be a fraction in [0, 1] or a whole number")
+    if args.cpus_per_trial <= 0:
+        problems.append(f"--cpus-per-trial: {args.cpus_per_trial} must be positive")
+    return problems
+
+
+def count_layers(model: str, dry_run: bool) -> int:
+    from trainables.models import load_config
+
+    try:
+        return int(load_config(model).num_hidden_layers)
+    except OSError:
+        if dry_run and model in KNOWN_LAYER_COUNTS:
+            return KNOWN_LAYER_COUNTS[model]
+        raise
+
+
+def describe_grid(specs: list[TrialSpec]) -> str:
+    counts = collections.Counter((s.task, s.train_size) for s in specs)
+    lines = [f"{'task':<10} {'size':>7} {'trials':>7}"]
+    lines += [f"{task:<10} {size:>7} {n:>7}" for (task, size), n in sorted(counts.items())]
+    by_size = collections.Counter()
+    for (_, size), n in counts.items():
+        by_size[size] += n
+    lines.append("total by size: " + ", ".join(f"{size}: {n:,}" for size, n in sorted(by_size.items())))
+    lines.append(f"total: {len(specs):,} trials")
+    return "\n".join(lines)
+
+
+def prepare_data(settings: GridSettings) -> dict:
+    """Load and tokenize each task once for the whole sweep; trials share the result via Ray's object store."""
+    from trainables.data import tokenize_task
+    from trainables.models import load_tokenizer
+    from trainables.tasks import load_task
+
+    tokenizer = load_tokenizer(settings.model)
+    data = {}
+    for task in settings.tasks:
+        raw = load_task(task, settings.data_dir)
+        for size in settings.sizes:
+            if (task, size) not in settings.skip and size > len(raw.train):
+                raise SystemExit(
+                    f"--sizes: {size} is larger than the {task} train split ({len(raw.train):,} examples)"
+                )
+        data[data_key(task, settings.max_length)] = tokenize_task(raw, tokenizer, settings.model, settings.max_length)
+    return data
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    settings = settings_from_args(args)
+    num_layers = count_layers(settings.model, args.dry_run)
+    problems = validate(settings, args, num_layers)
+    if problems:
+        print("cannot start the sweep:\n" + "\n".join(f"  - {p}" for p in problems), file=sys.stderr)
+        return 2
+    specs = EXPERIMENTS[args.experiment](settings, num_layers)
+    name = args.name or args.experiment
+    print(f"{args.experiment}: {settings.model} ({num_layers} layers), storage {args.storage}/{name}")
+    print(describe_grid(specs))
+    if args.dry_run:
+        return 0
+
+    folder = rows_dir(args.storage, name)
+    done = finished_trial_ids(folder)
+    todo = [s for s in specs if s.trial_id not in done]
+    print(f"{len(specs) - len(todo)} already done, {len(todo)} to run")
+    if todo:
+        run(todo, settings, args, folder)
+    return report(folder, {s.trial_id for s in specs})
+
+
+def run(todo: list[TrialSpec], settings: GridSettings, args, folder: Path) -> None:
+    import ray
+
+    from sweep.runner import run_trials
+    from trainables.models import load_pretrained
+
+    started = time.perf_counter()
+    data = prepare_data(settings)
+    pretrained = {settings.model: load_pretrained(settings.model)}
+    print(f"data and weights ready in {time.perf_counter() - started:.1f}s")
+    if not ray.is_initialized():
+        # Trials find tasks and weights in the object store, so workers need no path of the driver's.
+        ray.init(address=args.address, include_dashboard=False, configure_logging=False,
+                 runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+    run_trials(
+        todo,
+        data=data,
+        pretrained=pretrained,
+        folder=folder,
+        tune_dir=folder.parent,
+        cpus_per_trial=args.cpus_per_trial,
+        gpus_per_trial=args.gpus_per_trial,
+    )
+
+
+def report(folder: Path, grid_ids: set[str]) -> int:
+    from analysis.results import read_results
+    from analysis.stats import condition_table
+
+    rows = read_results(folder)
+    rows = rows[rows["trial_id"].isin(grid_ids)]
+    statuses = rows["status"].value_counts().to_dict() if len(rows) else {}
+    print(f"\nresults: {folder} ({len(rows)} of {len(grid_ids)} trials; {statuses})")
+    if len(rows):
+        print(condition_table(rows).to_string(index=False, float_format=lambda x: f"{x:.4f}"))
+    return 0 if len(rows) == len(grid_ids) and statuses.get("error", 0) == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""The finetuning function on its own (no Ray): subsets, per-epoch reports, determinism, divergence."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from trainables.ablations import Reinit
+from trainables.data import draw_subset, tokenize_task
+from trainables.finetune import FinetuneConfig, default_epochs, finetune
+from trainables.models import load_pretrained, load_tokenizer
+from trainables.tasks import load_task
+
+
+@pytest.fixture(scope="module")
+def pretrained(tiny_bert):
+    return load_pretrained(tiny_bert)
+
+
+@pytest.fixture(scope="module")
+def synthetic(tiny_bert):
+    return tokenize_task(load_task("synthetic"), load_tokenizer(tiny_bert), "tiny", 128)
+
+
+def test_paper_epoch_rule():
+    assert default_epochs(500) == 5 and default_epochs(501) == 3 and default_epochs(50000) == 3
+    assert FinetuneConfig(task="sst2", train_size=500, subset_seed=0, seed=0).epochs == 5
+    assert FinetuneConfig(task="sst2", train_size=5000, subset_seed=0, seed=0, epochs=1).epochs == 1
+
+
+def test_subsets_depend_only_on_their_seed():
+    a, b, c = draw_subset(1000, 50, 3), draw_subset(1000, 50, 3), draw_subset(1000, 50, 4)
+    assert np.array_equal(a, b)
+    assert len(set(a)) == 50 and not np.array_equal(a, c)
+    with pytest.raises(ValueError, match="train_size=2000 is larger than the train split"):
+        draw_subset(1000, 2000, 0)
+    with pytest.raises(ValueError, match="train_size=0 must be a positive"):
+        draw_subset(1000, 0, 0)
+
+
+def test_tokenized_once_into_flat_arrays(synthetic):
+    split = synthetic.train
+    assert split.offsets[-1] == len(split.input_ids) and len(split.offsets) == len(split) + 1
+    assert split.lengths.max() <= 128 and split.lengths.min() > 2
+    assert synthetic.metric == "accuracy" and synthetic.num_labels == 2
+
+
+def test_reports_every_epoch_and_is_deterministic(pretrained, synthetic):
+    cfg = FinetuneConfig(task="synthetic", train_size=48, subset_seed=1, seed=1, epochs=2,
+                         ablation=Reinit(layers=(3, 4)))
+    reports = []
+    first = finetune(cfg, synthetic, pretrained, report=reports.append)
+    assert [r["epoch"] for r in reports] == [1, 2]
+    assert first["status"] == "ok" and first["metric_name"] == "accuracy"
+    assert len(first["dev_metrics_by_epoch"]) == 2 and first["dev_metric"] == first["dev_metrics_by_epoch"][-1]
+    assert 0.0 <= first["dev_metric"] <= 1.0 and first["dev_accuracy"] == first["dev_metric"]
+    assert first["train_seconds"] > 0 and first["model_flops"] > 0 and 0 < first["mfu"] < 1.5
+    again = finetune(cfg, synthetic, pretrained)
+    assert again["dev_metrics_by_epoch"] == first["dev_metrics_by_epoch"]
+    assert again["train_loss"] == first["train_loss"]
+
+
+def test_divergence_stops_the_trial_and_says_so(pretrained, synthetic):
+    cfg = FinetuneConfig(task="synthetic", train_size=32, subset_seed=0, seed=0, epochs=3, lr=float("inf"))
+    result = finetune(cfg, synthetic, pretrained)
+    assert result["status"] == "diverged"
+    assert result["epoch"] == 1 and not math.isfinite(result["train_loss"])

@@ -1,0 +1,65 @@
+"""Model FLOPs and model-FLOPs utilisation (MFU), counted the way nanoGPT counts them.
+
+A training token costs 6 FLOPs per non-embedding parameter (forward + backward) plus the attention
+score/value products, 12 * layers * hidden * sequence length; evaluation costs a third of that. MFU is the
+model FLOPs done per second over the device's peak, so padding and overhead show up as lost utilisation.
+"""
+from __future__ import annotations
+
+import functools
+import time
+
+import numpy as np
+import torch
+from torch import nn
+
+# Dense bf16 peak FLOP/s (fp32 for cards without bf16 tensor cores), from the vendors' data sheets.
+GPU_PEAK_FLOPS = {
+    "H200": 989e12,
+    "H100": 989e12,
+    "A100": 312e12,
+    "L40S": 362e12,
+    "A10G": 70e12,
+    "L4": 121e12,
+    "V100": 125e12,
+    "T4": 65e12,
+    "TITAN Xp": 12.1e12,
+}
+
+
+def non_embedding_params(model: nn.Module) -> int:
+    emb = getattr(getattr(model, "base_model", model), "embeddings", None)
+    skip = {id(p) for p in emb.parameters()} if emb is not None else set()
+    return sum(p.numel() for p in model.parameters() if id(p) not in skip)
+
+
+def sequence_flops(lengths: np.ndarray, n_params: int, num_layers: int, hidden: int, train: bool) -> float:
+    lengths = np.asarray(lengths, dtype=np.float64)
+    per_pass = 2.0 * n_params * lengths.sum() + 4.0 * num_layers * hidden * np.square(lengths).sum()
+    return float(per_pass * (3.0 if train else 1.0))
+
+
+@functools.lru_cache(maxsize=None)
+def peak_flops(device: str) -> tuple[float, str]:
+    """(peak FLOP/s, where the figure comes from) for a torch device string."""
+    if device.startswith("cuda"):
+        name = torch.cuda.get_device_name(torch.device(device))
+        for key, flops in GPU_PEAK_FLOPS.items():
+            if key.lower() in name.lower():
+                return flops, f"datasheet:{key}"
+        return 0.0, f"unknown-gpu:{name}"
+    return _measured_cpu_matmul_flops(), "measured-cpu-matmul"
+
+
+def _measured_cpu_matmul_flops(n: int = 512, repeats: int = 8) -> float:
+    # CPUs have no datasheet figure we can trust across machines: the best fp32 matmul rate this process
+    # reaches with its thread count is the practical ceiling.
+    g = torch.Generator().manual_seed(0)  # never the global stream: trials seed that for dropout
+    a, b = torch.randn(n, n, generator=g), torch.randn(n, n, generator=g)
+    a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2.0 * n**3 / best

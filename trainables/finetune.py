@@ -1,0 +1,173 @@
+"""Finetuning one (partially reinitialized) model on one task subset: a plain function, no Ray.
+
+The loop reads top to bottom: build the model from the shared pretrained weights, apply the ablation, train
+for a few epochs on the subset, evaluate on the full validation split after every epoch, and hand each
+epoch's figures to `report`. Ray Tune only wraps it (trainables.tune_trainable).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from trainables.ablations import Reinit, apply_ablation
+from trainables.cost import non_embedding_params, peak_flops, sequence_flops
+from trainables.data import TokenizedTask, collate, draw_subset, eval_batches, train_batches
+from trainables.metrics import compute_metrics
+from trainables.models import Pretrained, build_classifier, layer_stack
+
+LR_SCHEDULES = ("linear", "constant")
+
+
+def default_epochs(train_size: int) -> int:
+    """The paper's rule: 5 epochs for subsets of 500 or fewer examples, 3 for larger ones."""
+    return 5 if train_size <= 500 else 3
+
+
+@dataclasses.dataclass(frozen=True)
+class FinetuneConfig:
+    task: str
+    train_size: int
+    subset_seed: int
+    seed: int  # classifier head, dropout, batch order and reinitialized weights
+    ablation: Reinit = Reinit()
+    epochs: int | None = None  # None: default_epochs(train_size)
+    lr: float = 2e-5
+    batch_size: int = 8
+    weight_decay: float = 0.0
+    lr_schedule: str = "linear"
+    eval_batch_size: int = 128
+    gpu_fraction: float = 0.0  # the share of a GPU Ray gave this trial; 0 = CPU
+    threads: int = 1  # CPU threads for torch
+
+    def __post_init__(self):
+        if self.epochs is None:
+            object.__setattr__(self, "epochs", default_epochs(self.train_size))
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"lr_schedule '{self.lr_schedule}' is not one of {', '.join(LR_SCHEDULES)}")
+
+
+def pick_device(gpu_fraction: float) -> torch.device:
+    if gpu_fraction > 0 and torch.cuda.is_available():
+        device = torch.device("cuda", 0)  # Ray narrows CUDA_VISIBLE_DEVICES to the GPU it assigned
+        # Fractional trials share one card with no isolation: cap ours so a neighbour cannot OOM us.
+        torch.cuda.set_per_process_memory_fraction(min(1.0, gpu_fraction), device)
+        return device
+    return torch.device("cpu")
+
+
+def evaluate(model, split, metric_task: str, batch_size: int, device, pad_id: int, autocast) -> dict:
+    model.eval()
+    preds = []
+    batches = eval_batches(split, batch_size)
+    with torch.inference_mode(), autocast():
+        for rows in batches:
+            batch = {k: v.to(device) for k, v in collate(split, rows, pad_id).items() if k != "labels"}
+            logits = model(**batch).logits.float()
+            preds.append((logits.squeeze(-1) if logits.shape[-1] == 1 else logits.argmax(-1)).cpu().numpy())
+    order = np.concatenate(batches)
+    predictions = np.empty(len(split), dtype=preds[0].dtype)
+    predictions[order] = np.concatenate(preds)
+    return compute_metrics(metric_task, predictions, split.labels)
+
+
+def finetune(
+    cfg: FinetuneConfig,
+    data: TokenizedTask,
+    pretrained: Pretrained,
+    report: Callable[[dict], None] | None = None,
+) -> dict:
+    """Finetune and evaluate; returns the last epoch's figures (the same dict last passed to `report`)."""
+    started = time.perf_counter()
+    torch.set_num_threads(max(1, cfg.threads))
+    device = pick_device(cfg.gpu_fraction)
+    autocast = lambda: torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")  # noqa: E731
+
+    model = build_classifier(pretrained, data.num_labels, cfg.seed)
+    apply_ablation(cfg.ablation, model, cfg.seed)
+    model.to(device)
+    pad_id = int(pretrained.config.pad_token_id or 0)
+
+    rows = draw_subset(len(data.train), cfg.train_size, cfg.subset_seed)
+    rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 1]))  # batch order, independent of the subset
+    steps_per_epoch = math.ceil(len(rows) / cfg.batch_size)
+    total_steps = steps_per_epoch * cfg.epochs
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=device.type == "cuda"
+    )
+    schedule = (lambda s: 1.0 - s / total_steps) if cfg.lr_schedule == "linear" else (lambda s: 1.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+
+    n_params = non_embedding_params(model)
+    num_layers, hidden = len(layer_stack(model)), int(pretrained.config.hidden_size)
+    peak, peak_source = peak_flops(str(device))
+    train_seconds = eval_seconds = flops = 0.0
+    by_epoch: list[float] = []
+    result: dict = {}
+    status = "ok"
+    torch.manual_seed(cfg.seed)  # dropout draws from the global stream: start it at the same place every run
+    for epoch in range(1, cfg.epochs + 1):
+        model.train()
+        tick = time.perf_counter()
+        losses = []
+        for batch_rows in train_batches(rows, cfg.batch_size, rng):
+            batch = {k: v.to(device, non_blocking=True) for k, v in collate(data.train, batch_rows, pad_id).items()}
+            labels = batch.pop("labels")
+            with autocast():
+                logits = model(**batch).logits.float()
+            if data.num_labels == 1:
+                loss = F.mse_loss(logits.squeeze(-1), labels.float())
+            else:
+                loss = F.cross_entropy(logits, labels)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            scheduler.step()
+            losses.append(loss.detach())
+            flops += sequence_flops(data.train.lengths[batch_rows], n_params, num_layers, hidden, train=True)
+        train_loss = float(torch.stack(losses).mean())
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        train_seconds += time.perf_counter() - tick
+        if not math.isfinite(train_loss):
+            status = "diverged"
+
+        tick = time.perf_counter()
+        metrics = evaluate(model, data.validation, data.task, cfg.eval_batch_size, device, pad_id, autocast)
+        eval_seconds += time.perf_counter() - tick
+        flops += sequence_flops(data.validation.lengths, n_params, num_layers, hidden, train=False)
+        by_epoch.append(float(metrics[data.metric]))
+
+        compute_seconds = train_seconds + eval_seconds
+        result = {
+            "status": status,
+            "epoch": epoch,
+            "epochs": cfg.epochs,
+            "train_loss": train_loss,
+            "lr_last": float(scheduler.get_last_lr()[0]),
+            "metric_name": data.metric,
+            "dev_metric": by_epoch[-1],
+            "dev_metrics_by_epoch": list(by_epoch),
+            **{f"dev_{name}": float(value) for name, value in metrics.items()},
+            "train_seconds": train_seconds,
+            "eval_seconds": eval_seconds,
+            "wall_seconds": time.perf_counter() - started,
+            "model_flops": flops,
+            "mfu": flops / compute_seconds / peak if peak else float("nan"),
+            "peak_flops": peak,
+            "peak_flops_source": peak_source,
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "torch_threads": torch.get_num_threads(),
+            "pid": os.getpid(),
+        }
+        if report is not None:
+            report(result)
+        if status != "ok":
+            break  # a diverged model only wastes the rest of its budget
+    return result
