@@ -14,7 +14,8 @@ from sweep.store import finished_trial_ids, rows_dir
 
 # Each preset fills in whatever the command line leaves unset; "demo" is the embedded offline default.
 PRESETS = {
-    "demo": dict(model="minilm", tasks=["synthetic"], sizes=[500], trials=["3"]),
+    # Demo: three points of the curve, two trials each; about four minutes on two CPU cores.
+    "demo": dict(model="minilm", tasks=["synthetic"], sizes=[500], trials=["2"], k=[0, 3, 6]),
     "paper": dict(
         model="bert-base-uncased",
         tasks=["sst2", "cola", "qnli"],
@@ -80,7 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def settings_from_args(args) -> GridSettings:
-    preset = PRESETS[args.preset]
+    preset = dict(PRESETS[args.preset])
+    if args.model is not None and args.model != preset["model"]:
+        preset.pop("k", None)  # a preset's k points are chosen for its own model's depth
     pick = lambda name: getattr(args, name) if getattr(args, name) is not None else preset.get(name)  # noqa: E731
     return GridSettings(
         model=pick("model"),
@@ -88,7 +91,7 @@ def settings_from_args(args) -> GridSettings:
         sizes=tuple(pick("sizes")),
         trials=parse_trials(pick("trials")),
         data_dir=str(Path(args.data_dir).resolve()) if args.data_dir else None,
-        k=tuple(args.k) if args.k is not None else None,
+        k=tuple(pick("k")) if pick("k") is not None else None,
         skip=preset.get("skip", frozenset()),
         epochs=args.epochs,
         lr=args.lr,

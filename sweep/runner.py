@@ -1,6 +1,7 @@
 """Running a list of trials on Ray Tune and landing each finished one as a Parquet row."""
 from __future__ import annotations
 
+import collections
 import platform
 import time
 from pathlib import Path
@@ -71,6 +72,40 @@ def result_fields(last_result: dict) -> dict:
     return {k: v for k, v in last_result.items() if k in RESULT_COLUMNS or k.startswith("dev_")}
 
 
+def make_progress_printer(total: int):
+    """A Tune callback printing one line per ended trial: counts by state and an ETA from the pace so far."""
+    from ray.tune import Callback
+
+    class ProgressPrinter(Callback):
+        def __init__(self):
+            self.started = time.monotonic()
+            self.ended = collections.Counter()
+
+        def _line(self, trials, trial, status: str) -> None:
+            self.ended[status] += 1
+            done = sum(self.ended.values())
+            running = sum(t.status == "RUNNING" for t in trials) - 1  # the trial ending is still RUNNING
+            elapsed = time.monotonic() - self.started
+            eta = elapsed / done * (total - done)
+            metric = (trial.last_result or {}).get("dev_metric")
+            shown = f"dev_metric={metric:.4f}" if isinstance(metric, float) else ""
+            print(
+                f"[{done}/{total}] ok {self.ended['ok']} · diverged {self.ended['diverged']} · "
+                f"failed {self.ended['error']} · running {max(running, 0)} · pending {total - done - max(running, 0)}"
+                f" · elapsed {elapsed / 60:.1f} min · eta {eta / 60:.1f} min | {trial.config['trial']['trial_id']} "
+                f"{status} {shown}",
+                flush=True,
+            )
+
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            self._line(trials, trial, (trial.last_result or {}).get("status", "ok"))
+
+        def on_trial_error(self, iteration, trials, trial, **info):
+            self._line(trials, trial, "error")
+
+    return ProgressPrinter()
+
+
 def run_trials(
     specs: list[TrialSpec],
     *,
@@ -80,7 +115,7 @@ def run_trials(
     tune_dir: Path,
     cpus_per_trial: float,
     gpus_per_trial: float,
-    verbose: int = 1,
+    verbose: int = 0,
 ):
     """Run every spec as a Tune trial; returns the Tune ResultGrid. Rows land in `folder` as trials end."""
     from ray import tune
@@ -103,7 +138,7 @@ def run_trials(
         run_config=tune.RunConfig(
             name=time.strftime("tune-%Y%m%d-%H%M%S"),
             storage_path=str(tune_dir),
-            callbacks=[writer],
+            callbacks=[writer, make_progress_printer(len(specs))],
             failure_config=tune.FailureConfig(max_failures=0),
             verbose=verbose,
         ),

@@ -82,3 +82,20 @@ def test_real_sweep_writes_rows_skips_done_and_runs_only_new_cells(ray_local, ti
     assert set(new["trial_index"]) == {2}
     old = after[after["trial_id"].isin(rows["trial_id"])].set_index("trial_id").sort_index()
     pd.testing.assert_series_equal(old["dev_metric"], rows.set_index("trial_id").sort_index()["dev_metric"])
+
+
+def test_sweep_on_real_glue_files(ray_local, tiny_bert, glue_dir, tmp_path):
+    argv = ["incremental", "--model", tiny_bert, "--tasks", "sst2", "cola", "--data-dir", str(glue_dir),
+            "--sizes", "16", "--trials", "1", "--k", "4", "--epochs", "1", "--storage", str(tmp_path)]
+    assert main(argv) == 0
+    rows = read_results(tmp_path / "incremental").set_index("task")
+    assert rows.loc["sst2", "metric_name"] == "accuracy" and rows.loc["cola", "metric_name"] == "matthews_correlation"
+    assert set(rows["data_source"]) == {"local"}
+    assert 0 <= rows.loc["sst2", "dev_metric"] <= 1 and -1 <= rows.loc["cola", "dev_metric"] <= 1
+
+
+def test_missing_split_is_reported_before_ray_starts(tiny_bert, glue_dir, tmp_path):
+    # QNLI's train split is absent from the shared GLUE folder.
+    with pytest.raises(FileNotFoundError, match="qnli"):
+        main(["incremental", "--model", tiny_bert, "--tasks", "qnli", "--data-dir", str(glue_dir),
+              "--sizes", "16", "--trials", "1", "--k", "4", "--storage", str(tmp_path)])

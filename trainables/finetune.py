@@ -99,7 +99,7 @@ def finetune(
     steps_per_epoch = math.ceil(len(rows) / cfg.batch_size)
     total_steps = steps_per_epoch * cfg.epochs
     optimizer = torch.optim.AdamW(
-        model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=device.type == "cuda"
+        model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=True
     )
     schedule = (lambda s: 1.0 - s / total_steps) if cfg.lr_schedule == "linear" else (lambda s: 1.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
