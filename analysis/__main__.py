@@ -1,27 +1,70 @@
-"""`python -m analysis summary RESULTS`: the per-condition table of whatever RESULTS holds."""
+"""`python -m analysis summary RESULTS` prints the per-condition table; `python -m analysis report RESULTS
+--out DIR` writes every table and figure the rows support, with an index page."""
 import argparse
 import sys
 
-from analysis.results import read_results
-from analysis.stats import condition_table
+from analysis.results import prepare, read_results
+from analysis.stats import QUIET_COLUMNS, condition_table
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m analysis")
-    sub = p.add_subparsers(dest="command", required=True)
-    summary = sub.add_parser("summary", help="per-condition n, mean, std and 95%% t-interval")
-    summary.add_argument("results", help="a results folder (or one Parquet file)")
-    summary.add_argument("--csv", help="also write the table to this CSV file")
-    args = p.parse_args(argv)
-    rows = read_results(args.results)
+def summary(args) -> int:
+    rows = prepare(read_results(args.results))
     if rows.empty:
         print(f"no trial rows under {args.results}", file=sys.stderr)
         return 1
     table = condition_table(rows)
-    print(table.to_string(index=False, float_format=lambda x: f"{x:.4f}"))
+    stats_columns = {"n", "excluded", "mean", "std", "ci95_low", "ci95_high", "mean_minus_2std", "mean_plus_2std",
+                     "note"}
+    for experiment, part in table.groupby("experiment", sort=True) if "experiment" in table.columns else [("", table)]:
+        # Each experiment with its own condition columns: those it leaves empty, or sets to one value of the
+        # columns every row carries (keep_layernorm, reinit_pooler), would only widen the print.
+        unused = [c for c in part.columns if c not in stats_columns and (
+            part[c].isna().all() or (c in QUIET_COLUMNS and part[c].nunique(dropna=False) <= 1))]
+        shown = part.drop(columns=[*unused, "diverged", "failed"], errors="ignore")
+        print(f"\n{experiment}" if experiment else "")
+        print(shown.to_string(index=False, float_format=lambda x: f"{x:.4f}"))
+    left = rows["status"].ne("ok").sum()
+    if left:
+        counts = rows["status"].value_counts()
+        diverged = counts.get("diverged", 0)
+        print(f"\nleft out of the means: {diverged} diverged, {left - diverged} failed")
     if args.csv:
         table.to_csv(args.csv, index=False)
     return 0
 
 
-sys.exit(main())
+def report(args) -> int:
+    from analysis.report import build_report
+
+    rows = read_results(args.results)
+    if rows.empty:
+        print(f"no trial rows under {args.results}", file=sys.stderr)
+        return 1
+    made = build_report(args.results, args.out, latex=args.latex, formats=args.formats)
+    print(f"{len(made.tables)} tables and {len(made.figures)} figures in {made.folder}; open "
+          f"{made.folder / 'index.html'} (or index.md)")
+    for line in made.header[1:3]:
+        print(line)
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m analysis", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("summary", help="per-condition n, mean, std and 95%% t-interval")
+    s.add_argument("results", help="a results folder (or one Parquet file)")
+    s.add_argument("--csv", help="also write the table to this CSV file")
+    s.set_defaults(run=summary)
+    r = sub.add_parser("report", help="tables (Markdown, CSV, LaTeX), figures (PNG, PDF) and an index page")
+    r.add_argument("results", help="a results folder (a storage folder, one sweep's folder, or one Parquet file)")
+    r.add_argument("--out", required=True, help="the folder to write the report into")
+    r.add_argument("--latex", action="store_true", help="also write every table as LaTeX (booktabs)")
+    r.add_argument("--formats", nargs="+", default=["png", "pdf"], choices=["png", "pdf", "svg"],
+                   help="figure file formats (default: png pdf)")
+    r.set_defaults(run=report)
+    args = p.parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -207,20 +207,26 @@ def run(todo: list[TrialSpec], settings: GridSettings, args, folder: Path) -> No
     started = time.perf_counter()
     data = prepare_data(settings)
     pretrained = {settings.model: load_pretrained(settings.model)}
-    print(f"data and weights ready in {time.perf_counter() - started:.1f}s")
-    if not ray.is_initialized():
+    print(f"data and weights ready in {time.perf_counter() - started:.1f}s; "
+          f"watch trials with `tensorboard --logdir {folder.parent}`")
+    owns_ray = not ray.is_initialized()
+    if owns_ray:
         # Trials find tasks and weights in the object store, so workers need no path of the driver's.
         ray.init(address=args.address, include_dashboard=False, configure_logging=False,
                  runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
-    run_trials(
-        todo,
-        data=data,
-        pretrained=pretrained,
-        folder=folder,
-        tune_dir=folder.parent,
-        cpus_per_trial=args.cpus_per_trial,
-        gpus_per_trial=args.gpus_per_trial,
-    )
+    try:
+        run_trials(
+            todo,
+            data=data,
+            pretrained=pretrained,
+            folder=folder,
+            tune_dir=folder.parent,
+            cpus_per_trial=args.cpus_per_trial,
+            gpus_per_trial=args.gpus_per_trial,
+        )
+    finally:
+        if owns_ray:
+            ray.shutdown()  # before the interpreter exits, so workers stop quietly instead of by SIGTERM
 
 
 def report(folder: Path, grid_ids: set[str]) -> int:

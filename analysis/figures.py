@@ -1,0 +1,643 @@
+"""One function per paper figure; each takes the rows (`analysis.load(path)`) and returns a list of `Plot`
+(a name, a matplotlib Figure, a caption): one per model, size or mode the figure has to be split by, none
+when the rows hold nothing the figure needs. Figures are plain `matplotlib.figure.Figure` objects on the
+Agg canvas (no pyplot state), so they render in notebooks and save from scripts alike.
+
+    from analysis import load, figures
+    for plot in figures.incremental_figure(load("results/incremental")):
+        plot.figure.savefig(plot.name + ".png")
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import numpy as np
+import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import TwoSlopeNorm
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+from scipy import stats
+
+from analysis import tables as T
+from analysis.results import as_list
+from analysis.stats import summarize
+
+PANEL = (3.7, 2.9)  # inches per task panel
+MAX_COLUMNS = 3
+FULL_COLOR, EMBEDDINGS_COLOR = "black", "tab:red"
+PROBE_COLOR = "tab:orange"
+PROBE_STYLES = {"mean-pool": "--", "cls-pooler": "-.", "truncated": ":"}
+SERIES_COLORS = ["tab:blue", "tab:red", "tab:green", "tab:purple", "tab:brown"]
+
+
+@dataclasses.dataclass
+class Plot:
+    name: str  # file stem, e.g. "fig2-incremental"
+    figure: Figure
+    caption: str
+    function: str  # the analysis.figures function that made it
+    title: str = ""
+
+
+# --- helpers ------------------------------------------------------------------------------------------
+
+
+def slug(value) -> str:
+    text = str(value).rstrip("/").split("/")[-1]
+    return re.sub(r"[^A-Za-z0-9.]+", "-", text).strip("-") or "x"
+
+
+def _split(table: pd.DataFrame, columns: list[str]):
+    """(file-name suffix, {column: value} of the columns that vary, sub-table) per value of those columns;
+    one piece, with no suffix, when none varies."""
+    varying = [c for c in columns if c in table.columns and table[c].nunique(dropna=False) > 1]
+    if not varying:
+        yield "", {}, table
+        return
+    for key, sub in table.groupby(varying, dropna=False, sort=True):
+        key = key if isinstance(key, tuple) else (key,)
+        suffix = "-" + "-".join(slug(_short(c, v)) for c, v in zip(varying, key))
+        yield suffix, dict(zip(varying, key)), sub
+
+
+def _context(table: pd.DataFrame, varying: dict) -> str:
+    """'model, N examples' (and whatever else the split varies) for titles on the index page."""
+    parts = [_short("model", table["model"].iloc[0])] if "model" in table.columns else []
+    sizes = sorted(table["train_size"].dropna().unique()) if "train_size" in table.columns else []
+    if len(sizes) == 1:
+        parts.append(f"{int(sizes[0]):,} examples")
+    parts += [_short(c, v) for c, v in varying.items() if c not in ("model", "train_size")]
+    return ", ".join(parts)
+
+
+def _extra(varying: dict, shown=("model", "train_size")) -> str:
+    """What the title does not already say about this piece of a split figure."""
+    rest = [_short(c, v) for c, v in varying.items() if c not in shown]
+    return f" ({', '.join(rest)})" if rest else ""
+
+
+def _short(column, value) -> str:
+    if column == "train_size":
+        return f"n{int(value)}" if pd.notna(value) else "n?"
+    if column == "model":
+        return str(value).rstrip("/").split("/")[-1]
+    return f"{column}={value}"
+
+
+def _panels(n: int, *, width=PANEL[0], height=PANEL[1], columns=MAX_COLUMNS, min_width=5.4):
+    columns = min(columns, max(n, 1))
+    rows = int(np.ceil(n / columns))
+    figure = Figure(figsize=(max(width * columns, min_width), height * rows + 0.9), layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(rows, columns, squeeze=False).ravel()
+    for ax in axes[n:]:
+        ax.set_visible(False)
+    return figure, list(axes[:n])
+
+
+def _legend(figure: Figure, axes, columns: int | None = None) -> None:
+    handles, labels = {}, []
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            if label not in handles and not label.startswith("_"):
+                handles[label] = handle
+                labels.append(label)
+    if labels:
+        figure.legend([handles[x] for x in labels], labels, loc="outside lower center",
+                      ncol=columns or min(len(labels), 4), frameon=False, fontsize=8.5)
+
+
+def _title(figure: Figure, text: str) -> None:
+    figure.suptitle(text, fontsize=11)
+
+
+def _task_axes(ax, task, metric) -> None:
+    ax.set_title(T.TASK_NAMES.get(task, task), fontsize=10)
+    ax.set_ylabel(f"dev {T.METRIC_NAMES.get(metric, metric)}" if metric else "dev metric", fontsize=9)
+    ax.tick_params(labelsize=8)
+    ax.grid(True, alpha=0.25, linewidth=0.6)
+
+
+def _layer_ticks(ax, low: int, high: int) -> None:
+    ax.set_xlim(low - 0.5, high + 0.5)
+    if high - low <= 14:
+        ax.set_xticks(range(low, high + 1))
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _size_colors(sizes) -> dict:
+    import matplotlib
+
+    sizes = sorted(set(int(s) for s in sizes))
+    shades = [0.75] if len(sizes) == 1 else np.linspace(0.45, 0.95, len(sizes))
+    cmap = matplotlib.colormaps["Blues"]
+    return {s: cmap(v) for s, v in zip(sizes, shades)}
+
+
+def _bounds(table: pd.DataFrame, interval: str):
+    mean = table["mean"].to_numpy(float)
+    if interval == "2std":
+        std = table["std"].to_numpy(float)
+        return mean, mean - 2 * std, mean + 2 * std
+    return mean, table["ci95_low"].to_numpy(float), table["ci95_high"].to_numpy(float)
+
+
+def _errorline(ax, x, table: pd.DataFrame, *, interval="ci", color, label, marker="o", linestyle="-",
+               offset=0.0, linewidth=1.6) -> None:
+    """Means joined by a line, with error bars where there is an interval; a condition with one finished
+    trial is a hollow marker without a bar."""
+    order = np.argsort(np.asarray(x, dtype=float), kind="stable")
+    x = np.asarray(x, dtype=float)[order] + offset
+    mean, low, high = (v[order] for v in _bounds(table, interval))
+    ax.plot(x, mean, color=color, linestyle=linestyle, marker=marker, markersize=3.5, linewidth=linewidth, label=label)
+    bars = np.isfinite(low) & np.isfinite(high) & np.isfinite(mean)
+    if bars.any():
+        yerr = np.clip([mean[bars] - low[bars], high[bars] - mean[bars]], 0, None)  # float noise at zero spread
+        ax.errorbar(x[bars], mean[bars], yerr=yerr, fmt="none", ecolor=color, elinewidth=1.0, capsize=2.5, alpha=0.85)
+    single = ~bars & np.isfinite(mean)
+    if single.any():
+        ax.plot(x[single], mean[single], linestyle="none", marker=marker, markersize=5, markerfacecolor="white",
+                markeredgecolor=color, label="_one trial")
+
+
+def _reference_lines(ax, refs: dict, band: bool = False) -> None:
+    styles = {"full model": (FULL_COLOR, "--", "full model (all layers pretrained)"),
+              "embeddings only": (EMBEDDINGS_COLOR, ":", "embeddings only (all layers reinitialized)")}
+    for name, (color, style, label) in styles.items():
+        ref = refs.get(name)
+        if not ref or not np.isfinite(ref["mean"]):
+            continue
+        ax.axhline(ref["mean"], color=color, linestyle=style, linewidth=1.2, label=label, zorder=1)
+        if band and np.isfinite(ref["std"]):
+            ax.axhspan(ref["mean"] - 2 * ref["std"], ref["mean"] + 2 * ref["std"], color=color, alpha=0.1,
+                       linewidth=0, label=f"{name} ±2 std", zorder=0)
+
+
+def _metric(table: pd.DataFrame):
+    names = table["metric_name"].dropna().unique() if "metric_name" in table.columns else []
+    return names[0] if len(names) else None
+
+
+def _sizes_text(sizes) -> str:
+    sizes = sorted(set(int(s) for s in sizes))
+    return ", ".join(f"{s:,}" for s in sizes) + (" examples" if sizes else "")
+
+
+def _drawable(table: pd.DataFrame) -> pd.DataFrame:
+    """The table, or an empty one when no condition has a finished trial (nothing to draw)."""
+    return table if len(table) and (table["n"] > 0).any() else table.iloc[0:0]
+
+
+def _one_trial_note(table: pd.DataFrame) -> str:
+    return " Hollow markers: one finished trial, no interval." if (table["n"] == 1).any() else ""
+
+
+def _missing_note(table: pd.DataFrame, x: str, label: str) -> str:
+    """Conditions that have rows but no finished trial, so no point in the figure."""
+    if "n" not in table.columns or x not in table.columns:
+        return ""
+    empty = table[table["n"] == 0]
+    if empty.empty:
+        return ""
+    names = [f"{T.TASK_NAMES.get(t, t)} {label} {v}" for t, v in zip(empty["task"], empty[x])]
+    return f" No finished trial (not drawn): {', '.join(dict.fromkeys(names))}."
+
+
+def _excluded_note(table: pd.DataFrame) -> str:
+    left = int(table["excluded"].sum()) if "excluded" in table.columns else 0
+    return f" {left} diverged or failed trial{'s' if left != 1 else ''} left out." if left else ""
+
+
+# --- the figures ----------------------------------------------------------------------------------------
+
+
+def incremental_figure(rows: pd.DataFrame) -> list[Plot]:
+    """Figure 2: incremental reinitialization by task, one line per subset size (darker = larger) with
+    95% t-intervals, and the probing curve at each layer dashed on the same axes."""
+    table = _drawable(T.incremental_table(rows))
+    probes = _drawable(T.probing_table(rows))
+    if table.empty and probes.empty:
+        return []
+    layers = T.num_layers(rows)
+    models = sorted(set(table["model"] if len(table) else []) | set(probes["model"] if len(probes) else []), key=str)
+    plots = []
+    for model in models:
+        mine = table[table["model"] == model] if len(table) else table
+        modes = [("", {}, mine)] if mine.empty else list(_split(mine, ["reinit_mode"]))
+        for suffix, part, sub in modes:
+            probe = probes[probes["model"] == model] if len(probes) else probes
+            tasks = sorted(set(sub.get("task", [])) | set(probe.get("task", [])), key=T.task_key)
+            colors = _size_colors(sub["train_size"]) if len(sub) else {}
+            figure, axes = _panels(len(tasks))
+            for ax, task in zip(axes, tasks):
+                here = sub[sub["task"] == task] if len(sub) else sub
+                several = here["metric_name"].nunique() > 1 if len(here) else False
+                for (size, metric), line in (here.groupby(["train_size", "metric_name"]) if len(here) else []):
+                    _errorline(ax, line["k"], line, color=colors[int(size)],
+                               marker="os^Dv"[sorted(here["metric_name"].unique()).index(metric) % 5],
+                               label=f"finetuned, {int(size):,} examples" + (f" ({metric})" if several else ""))
+                there = probe[probe["task"] == task] if len(probe) else probe
+                for (kind, size), line in (there.groupby(["probe", "train_size"], dropna=False) if len(there) else []):
+                    _errorline(ax, line["layer"], line, color=PROBE_COLOR, linestyle=PROBE_STYLES.get(kind, "--"),
+                               marker=".", linewidth=1.3, label=f"probe ({kind}), {int(size):,} examples")
+                _task_axes(ax, task, _metric(here) or _metric(there))
+                _layer_ticks(ax, 0, layers.get(model, 12))
+                ax.set_xlabel("k (layers 1..k pretrained, k+1..L reinitialized)" if len(sub) else
+                              "layer probed (0 = embeddings)", fontsize=8.5)
+            _legend(figure, axes, columns=3)
+            _title(figure, ("Incremental reinitialization" if len(sub) else "Probing the frozen model")
+                   + f", {_short('model', model)}" + _extra(part))
+            both = pd.concat([x for x in (sub, probe) if len(x)])
+            plots.append(Plot(
+                f"fig2-incremental{'-' + slug(model) if len(models) > 1 else ''}{suffix}", figure,
+                "Figure 2. Finetuning after keeping layers 1..k pretrained and reinitializing the rest "
+                "(k = 0: embeddings only; k = L: the full model)"
+                + ("; line darkness shows the subset size." if len(sub) and sub["train_size"].nunique() > 1 else ".")
+                + (" Dashed: probing the frozen model at layer k (0 = embeddings)." if len(probe) else
+                   " (No probing rows yet: the dashed probing curve appears once the probing experiment has run.)")
+                + " Error bars: 95% t-intervals (n-1 df)."
+                + _one_trial_note(both) + _missing_note(sub, "k", "k =") + _excluded_note(both),
+                "incremental_figure", f"Figure 2: incremental reinitialization ({_short('model', model)}"
+                + "".join(f", {_short(c, v)}" for c, v in part.items()) + ")"))
+    return plots
+
+
+def localized_figure(rows: pd.DataFrame) -> list[Plot]:
+    """Figure 3: block reinitialized vs block preserved per block, with the full-model and
+    embeddings-only reference lines."""
+    table = _drawable(T.localized_table(rows))
+    if table.empty:
+        return []
+    refs = T.reference_table(rows)
+    plots = []
+    for suffix, part, sub in _split(table, ["model", "train_size", "reinit_mode", "block_size"]):
+        tasks = sorted(sub["task"].unique(), key=T.task_key)
+        figure, axes = _panels(len(tasks))
+        styles = {"block-reinit": ("tab:red", "v", "block reinitialized (others pretrained)"),
+                  "block-preserve": ("tab:blue", "^", "block preserved (others reinitialized)")}
+        for ax, task in zip(axes, tasks):
+            here = sub[sub["task"] == task]
+            for mode, line in here.groupby("block_mode"):
+                color, marker, label = styles.get(mode, ("tab:gray", "o", mode))
+                _errorline(ax, line["block_start"], line, color=color, marker=marker, label=label)
+            first = here.iloc[0]
+            _reference_lines(ax, T.reference_values(refs, task, first["model"], first["train_size"],
+                                                    first["reinit_mode"]))
+            _task_axes(ax, task, _metric(here))
+            starts = sorted(here["block_start"].unique())
+            blocks = here.drop_duplicates("block_start").set_index("block_start")["block"]
+            ax.set_xticks(starts, [blocks[s] for s in starts], rotation=45 if len(starts) > 6 else 0, fontsize=7.5)
+            ax.set_xlabel("block of layers", fontsize=8.5)
+        _legend(figure, axes, columns=2)
+        first = sub.iloc[0]
+        _title(figure, f"Localized reinitialization, {_short('model', first['model'])}, "
+                       f"{int(first['train_size']):,} examples" + _extra(part))
+        missing = [t for t in tasks if not T.reference_values(refs, t, first["model"], first["train_size"])]
+        plots.append(Plot(
+            f"fig3-localized{suffix}", figure,
+            f"Figure 3. Reinitializing one block of {int(first.get('block_size', 3))} consecutive layers (the "
+            "others pretrained) vs preserving it (the others reinitialized). Dashed: the full model; dotted: "
+            "embeddings only (incremental k = 0), same task and size. Error bars: 95% t-intervals."
+            + (f" No reference runs for {', '.join(missing)}." if missing else "")
+            + _one_trial_note(sub) + _missing_note(sub, "block", "block") + _excluded_note(sub),
+            "localized_figure", f"Figure 3: localized reinitialization ({_context(sub, part)})"))
+    return plots
+
+
+def permutation_figure(rows: pd.DataFrame) -> list[Plot]:
+    """Figure 4: each permutation's outcome as a point, a kernel density of the outcomes, their mean with
+    its 95% t-interval, and the original and all-reinitialized models (±2 std bands)."""
+    picked = T.of(rows, "permutation")
+    if picked.empty:
+        return []
+    ok = picked[(picked["status"] == "ok") & picked["dev_metric"].notna()]
+    summary = _drawable(T.permutation_table(rows))
+    if summary.empty:
+        return []
+    refs = T.reference_table(rows)
+    plots = []
+    for suffix, part, sub in _split(summary, ["model", "train_size"]):
+        tasks = sorted(sub["task"].unique(), key=T.task_key)
+        figure, axes = _panels(len(tasks), width=2.9)
+        for ax, task in zip(axes, tasks):
+            line = sub[sub["task"] == task].iloc[0]
+            mine = (ok["task"] == task) & (ok["model"] == line["model"]) & (ok["train_size"] == line["train_size"])
+            values = ok.loc[mine, "dev_metric"].to_numpy(float)
+            _reference_lines(ax, T.reference_values(refs, task, line["model"], line["train_size"]), band=True)
+            if len(values) >= 3 and np.ptp(values) > 0:
+                kde = stats.gaussian_kde(values)
+                reach = 2 * kde.factor * values.std()
+                grid = np.linspace(values.min() - reach, values.max() + reach, 200)
+                density = kde(grid)
+                width = 0.32 * density / density.max()
+                ax.fill_betweenx(grid, -width, width, color="tab:blue", alpha=0.18, linewidth=0, label="kernel density")
+            jitter = np.random.default_rng(0).uniform(-0.07, 0.07, len(values))
+            ax.scatter(jitter, values, s=16, facecolor="white", edgecolor="tab:blue", linewidth=1, zorder=3,
+                       label="one permutation")
+            if np.isfinite(line["mean"]):
+                ax.hlines(line["mean"], -0.34, 0.34, color="tab:blue", linewidth=2, zorder=4,
+                          label="mean of permutations")
+            if np.isfinite(line["ci95_low"]):
+                yerr = [[line["mean"] - line["ci95_low"]], [line["ci95_high"] - line["mean"]]]
+                ax.errorbar([0.42], [line["mean"]], yerr=yerr, fmt="none", ecolor="tab:blue", capsize=3,
+                            elinewidth=1.2, label="95% t-interval of the mean")
+            ax.set_xlim(-0.6, 0.6)
+            ax.set_xticks([])
+            _task_axes(ax, task, line["metric_name"])
+            ax.set_xlabel(f"{int(line['n'])} permutations", fontsize=8.5)
+        _legend(figure, axes, columns=3)
+        first = sub.iloc[0]
+        _title(figure, f"Layer permutations, {_short('model', first['model'])}, {int(first['train_size']):,} examples")
+        plots.append(Plot(
+            f"fig4-permutation{suffix}", figure,
+            "Figure 4. Finetuning with all layers pretrained but in a shuffled order: one circle per "
+            "permutation, the shaded region a kernel density of the outcomes, the solid line their mean (with "
+            "its 95% t-interval). Dashed: the original model; dotted: all layers reinitialized (incremental "
+            "k = 0); bands ±2 std." + _excluded_note(sub),
+            "permutation_figure", f"Figure 4: layer permutations ({_context(sub, part)})"))
+    return plots
+
+
+def scatter_figure(rows: pd.DataFrame, size: int = 500) -> list[Plot]:
+    """Figure 5: every incremental trial at `size` examples (the smallest size when there is no `size`),
+    one point per trial, the mean dotted."""
+    picked = T.of(rows, "incremental")
+    if picked.empty:
+        return []
+    sizes = set(picked["train_size"].dropna().astype(int))
+    size = size if size in sizes else min(sizes)
+    picked = picked[(picked["train_size"] == size)]
+    ok = picked[(picked["status"] == "ok") & picked["dev_metric"].notna()]
+    if ok.empty:
+        return []
+    layers = T.num_layers(rows)
+    plots = []
+    for suffix, part, sub in _split(picked, ["model", "reinit_mode"]):
+        if not ok.index.isin(sub.index).any():
+            continue
+        model = sub["model"].iloc[0]
+        tasks = sorted(sub["task"].unique(), key=T.task_key)
+        figure, axes = _panels(len(tasks))
+        for ax, task in zip(axes, tasks):
+            here = ok[(ok["task"] == task) & ok.index.isin(sub.index)]
+            jitter = np.random.default_rng(1).uniform(-0.18, 0.18, len(here))
+            ax.scatter(here["k"].astype(float) + jitter, here["dev_metric"], s=13, alpha=0.6, color="tab:blue",
+                       linewidth=0, label="one trial")
+            means = here.groupby("k")["dev_metric"].mean()
+            ax.plot(means.index.astype(float), means.values, linestyle=":", color="black", marker="_", markersize=10,
+                    linewidth=1.4, label="mean")
+            _task_axes(ax, task, _metric(here) or _metric(sub))
+            _layer_ticks(ax, 0, layers.get(model, 12))
+            ax.set_xlabel("k (layers 1..k pretrained)", fontsize=8.5)
+        _legend(figure, axes)
+        per = ok[ok.index.isin(sub.index)].groupby(["task", "k"]).size()
+        trials = f"{per.min()}-{per.max()}" if per.min() != per.max() else str(per.max())
+        _title(figure, f"Every incremental trial at {size:,} examples, {_short('model', model)}" + _extra(part))
+        plots.append(Plot(
+            f"fig5-scatter-n{size}{suffix}", figure,
+            f"Figure 5. Every finished incremental trial with {size:,} training examples ({trials} per k), "
+            "jittered horizontally; the dotted line joins the means." + _excluded_note(T.incremental_table(sub)),
+            "scatter_figure", f"Figure 5: every incremental trial ({_context(sub, part)})"))
+    return plots
+
+
+def single_layer_figure(rows: pd.DataFrame) -> list[Plot]:
+    """Figure 6: exactly one layer reinitialized, error bars ±2 std, the full model dashed."""
+    table = _drawable(T.single_layer_table(rows))
+    if table.empty:
+        return []
+    refs = T.reference_table(rows)
+    layers = T.num_layers(rows)
+    plots = []
+    for suffix, part, sub in _split(table, ["model", "train_size", "reinit_mode"]):
+        tasks = sorted(sub["task"].unique(), key=T.task_key)
+        figure, axes = _panels(len(tasks))
+        first = sub.iloc[0]
+        for ax, task in zip(axes, tasks):
+            here = sub[sub["task"] == task]
+            _errorline(ax, here["layer"], here, interval="2std", color="tab:blue", label="one layer reinitialized")
+            refs_here = T.reference_values(refs, task, first["model"], first["train_size"])
+            _reference_lines(ax, {"full model": refs_here.get("full model")})
+            _task_axes(ax, task, _metric(here))
+            _layer_ticks(ax, 1, layers.get(first["model"], 12))
+            ax.set_xlabel("reinitialized layer", fontsize=8.5)
+        _legend(figure, axes)
+        _title(figure, f"Single-layer reinitialization, {_short('model', first['model'])}, "
+                       f"{int(first['train_size']):,} examples" + _extra(part))
+        plots.append(Plot(
+            f"fig6-single-layer{suffix}", figure,
+            "Figure 6. Finetuning after reinitializing one layer (all others pretrained). Error bars: ±2 "
+            "standard deviations, as in the paper. Dashed: the full model." + _one_trial_note(sub)
+            + _missing_note(sub, "layer", "layer") + _excluded_note(sub),
+            "single_layer_figure", f"Figure 6: single-layer reinitialization ({_context(sub, part)})"))
+    return plots
+
+
+def _beside_incremental_figure(table, rows, column, labels, name, title, caption, function) -> list[Plot]:
+    table = _drawable(table)
+    if table.empty:
+        return []
+    layers = T.num_layers(rows)
+    plots = []
+    for suffix, part, sub in _split(table, ["model", "train_size", "reinit_mode"]):
+        tasks = sorted(sub["task"].unique(), key=T.task_key)
+        figure, axes = _panels(len(tasks))
+        first = sub.iloc[0]
+        values = sorted(sub[column].dropna().unique())
+        for ax, task in zip(axes, tasks):
+            here = sub[sub["task"] == task]
+            for i, value in enumerate(values):
+                line = here[here[column] == value]
+                offset = (i - (len(values) - 1) / 2) * 0.15
+                _errorline(ax, line["k"], line, interval="2std", color=SERIES_COLORS[i % len(SERIES_COLORS)],
+                           offset=offset, label=labels(value))
+            _task_axes(ax, task, _metric(here))
+            _layer_ticks(ax, 0, layers.get(first["model"], 12))
+            ax.set_xlabel("k (layers 1..k pretrained, k+1..L reinitialized)", fontsize=8.5)
+        _legend(figure, axes)
+        _title(figure, f"{title}, {_short('model', first['model'])}, {int(first['train_size']):,} examples"
+               + _extra(part))
+        plots.append(Plot(f"{name}{suffix}", figure,
+                          caption + _one_trial_note(sub) + _missing_note(sub, "k", "k =") + _excluded_note(sub),
+                          function, f"{caption.split('.')[0]}: {title[0].lower() + title[1:]} ({_context(sub, part)})"))
+    return plots
+
+
+def lr_multiplier_figure(rows: pd.DataFrame) -> list[Plot]:
+    """Figure 7: incremental reinitialization with the reinitialized layers at a higher learning rate,
+    beside the same grid at the base rate; error bars ±2 std."""
+    return _beside_incremental_figure(
+        T.lr_multiplier_table(rows), rows, "lr_multiplier",
+        lambda v: "same learning rate" if v == 1 else f"reinitialized layers at {v:g}x the learning rate",
+        "fig7-reinit-lr", "Higher learning rate for reinitialized layers",
+        "Figure 7. Incremental reinitialization with the reinitialized layers trained at a multiple of the "
+        "learning rate, beside the same cells at one rate (points offset sideways to keep the bars apart). "
+        "Error bars: ±2 standard deviations, as in the paper.",
+        "lr_multiplier_figure")
+
+
+def layernorm_figure(rows: pd.DataFrame) -> list[Plot]:
+    """Figure 8: incremental reinitialization keeping the pretrained LayerNorm of reinitialized layers,
+    beside the grid that resets it; error bars ±2 std."""
+    return _beside_incremental_figure(
+        T.layernorm_table(rows), rows, "keep_layernorm",
+        lambda v: "LayerNorm preserved" if v else "LayerNorm reset",
+        "fig8-layernorm", "Preserved LayerNorm in reinitialized layers",
+        "Figure 8. Incremental reinitialization that keeps the pretrained LayerNorm parameters of the "
+        "reinitialized layers, beside the grid that resets them (points offset sideways). Error bars: ±2 "
+        "standard deviations, as in the paper.",
+        "layernorm_figure")
+
+
+def weight_distance_figure(rows: pd.DataFrame) -> list[Plot]:
+    """Weight change by layer: Frobenius distance between the pretrained and the finetuned weights of each
+    layer of the full model, one line per subset size (darker = larger), 95% t-intervals."""
+    if "weight_distance" not in rows.columns or "reinit_layers" not in rows.columns:
+        return []
+    full = rows[T._full_model_mask(rows)]
+    full = full[full["weight_distance"].map(lambda v: len(as_list(v)) > 0)]
+    if full.empty:
+        return []
+    # Nothing is reinitialized in these rows, so the reinit mode (or which experiment ran them) is moot.
+    long = full.assign(weight_layer=full["weight_distance"].map(lambda v: list(range(1, len(as_list(v)) + 1))),
+                       distance=full["weight_distance"].map(as_list)).explode(["weight_layer", "distance"])
+    long["distance"] = pd.to_numeric(long["distance"], errors="coerce")
+    long["weight_layer"] = long["weight_layer"].astype(int)
+    by = ["model", "task", "train_size", "weight_layer"]
+    table = _drawable(summarize(long.reset_index(drop=True), by, "distance"))
+    if table.empty:
+        return []
+    plots = []
+    for suffix, part, sub in _split(table, ["model"]):
+        tasks = sorted(sub["task"].unique(), key=T.task_key)
+        figure, axes = _panels(len(tasks))
+        colors = _size_colors(sub["train_size"])
+        for ax, task in zip(axes, tasks):
+            here = sub[sub["task"] == task]
+            for size, line in here.groupby("train_size"):
+                _errorline(ax, line["weight_layer"], line, color=colors[int(size)], label=f"{int(size):,} examples")
+            _task_axes(ax, task, None)
+            ax.set_ylabel(r"$\|W_{\mathrm{finetuned}} - W_{\mathrm{pretrained}}\|_F$", fontsize=9)
+            _layer_ticks(ax, 1, int(sub["weight_layer"].max()))
+            ax.set_xlabel("layer", fontsize=8.5)
+        _legend(figure, axes)
+        _title(figure, f"Weight change during finetuning, {_short('model', sub['model'].iloc[0])}" + _extra(part))
+        plots.append(Plot(
+            f"weight-distance{suffix}", figure,
+            "Weight change by layer: Frobenius distance between each layer's pretrained and finetuned weights, "
+            "full model (no layer reinitialized), one line per subset size. Error bars: 95% t-intervals."
+            + _one_trial_note(sub), "weight_distance_figure", f"Weight change by layer ({_context(sub, part)})"))
+    return plots
+
+
+def sequential_figure(rows: pd.DataFrame) -> list[Plot]:
+    """The task x task matrix of sequential finetuning: cell = mean dev metric of the final task (row)
+    after an intermediate task (column); colour = difference from direct finetuning (the diagonal)."""
+    table = _drawable(T.sequential_table(rows))
+    if table.empty:
+        return []
+    plots = []
+    for suffix, part, sub in _split(table, ["model", "train_size"]):
+        finals = sorted(sub["final_task"].unique(), key=T.task_key)
+        inters = sorted(sub["intermediate_task"].unique(), key=T.task_key)
+        delta = np.full((len(finals), len(inters)), np.nan)
+        text = np.full(delta.shape, "", dtype=object)
+        for _, r in sub.iterrows():
+            i, j = finals.index(r["final_task"]), inters.index(r["intermediate_task"])
+            delta[i, j] = r["delta"]
+            text[i, j] = "" if np.isnan(r["mean"]) else f"{r['mean']:.3f}\n(n={int(r['n'])})"
+        figure = Figure(figsize=(1.1 * len(inters) + 2.6, 0.8 * len(finals) + 1.6), layout="constrained")
+        FigureCanvasAgg(figure)
+        ax = figure.subplots()
+        limit = np.nanmax(np.abs(delta)) if np.isfinite(delta).any() and np.nanmax(np.abs(delta)) > 0 else 1.0
+        import matplotlib
+
+        cmap = matplotlib.colormaps["RdBu"].with_extremes(bad="#eeeeee")
+        image = ax.imshow(np.ma.masked_invalid(delta), cmap=cmap, norm=TwoSlopeNorm(0, -limit, limit), aspect="auto")
+        for i in range(len(finals)):
+            for j in range(len(inters)):
+                shade = abs(delta[i, j]) / limit if np.isfinite(delta[i, j]) else 0
+                ax.text(j, i, text[i, j], ha="center", va="center", fontsize=8,
+                        color="white" if shade > 0.6 else "black")
+                if finals[i] == inters[j]:
+                    ax.add_patch(matplotlib.patches.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, linewidth=1.6,
+                                                              edgecolor="black"))
+        ax.set_xticks(range(len(inters)), [T.TASK_NAMES.get(t, t) for t in inters], fontsize=9)
+        ax.set_yticks(range(len(finals)), [T.TASK_NAMES.get(t, t) for t in finals], fontsize=9)
+        ax.set_xlabel("intermediate task (finetuned first)", fontsize=9)
+        ax.set_ylabel("final task", fontsize=9)
+        figure.colorbar(image, ax=ax, shrink=0.9).set_label("difference from direct finetuning", fontsize=8.5)
+        first = sub.iloc[0]
+        _title(figure, f"Sequential finetuning, {_short('model', first['model'])}, "
+                       f"{int(first['train_size']):,} examples")
+        plots.append(Plot(
+            f"sequential-matrix{suffix}", figure,
+            "Sequential finetuning: finetune on the intermediate task (column), then on the final task (row). "
+            "Cells: mean dev metric of the final task (its own metric) and the number of finished trials; "
+            "framed: direct finetuning on the final task; colour: difference from it (blue better, red worse)."
+            + _excluded_note(sub), "sequential_figure", f"Sequential finetuning matrix ({_context(sub, part)})"))
+    return plots
+
+
+def heads_figure(rows: pd.DataFrame) -> list[Plot]:
+    """One attention head reinitialized: difference from the unablated model per layer and head."""
+    table = _drawable(T.heads_table(rows))
+    if table.empty:
+        return []
+    plots = []
+    for suffix, part, sub in _split(table, ["model", "train_size", "reinit_mode"]):
+        tasks = sorted(sub["task"].unique(), key=T.task_key)
+        heads = sorted(sub["head"].dropna().astype(int).unique())
+        layers = sorted(sub["layer"].dropna().astype(int).unique())
+        figure, axes = _panels(len(tasks), width=0.42 * len(heads) + 1.6, height=0.45 * len(layers) + 1.3, columns=2)
+        finite = sub["delta"].abs()
+        limit = float(finite.max()) if finite.notna().any() and finite.max() > 0 else 1.0
+        import matplotlib
+
+        cmap = matplotlib.colormaps["RdBu"].with_extremes(bad="#eeeeee")
+        image = None
+        for ax, task in zip(axes, tasks):
+            here = sub[sub["task"] == task]
+            grid = np.full((len(layers), len(heads)), np.nan)
+            for layer, head, value in zip(here["layer"], here["head"], here["delta"]):
+                grid[layers.index(int(layer)), heads.index(int(head))] = value
+            image = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, norm=TwoSlopeNorm(0, -limit, limit), aspect="auto")
+            for i in range(len(layers)):
+                for j in range(len(heads)):
+                    if np.isfinite(grid[i, j]):
+                        ax.text(j, i, f"{100 * grid[i, j]:+.1f}", ha="center", va="center", fontsize=6,
+                                color="white" if abs(grid[i, j]) / limit > 0.6 else "black")
+            ax.set_xticks(range(len(heads)), heads, fontsize=7)
+            ax.set_yticks(range(len(layers)), layers, fontsize=7)
+            ax.set_xlabel("head", fontsize=8.5)
+            ax.set_ylabel("layer", fontsize=8.5)
+            metric = T.METRIC_NAMES.get(_metric(here), _metric(here))
+            baseline = here["baseline"].iloc[0]
+            ax.set_title(f"{T.TASK_NAMES.get(task, task)} ({metric}; baseline {baseline:.3f})", fontsize=9)
+        if image is not None:
+            figure.colorbar(image, ax=axes, shrink=0.9, fraction=0.03, pad=0.02).set_label(
+                "difference from baseline", fontsize=8.5)
+        first = sub.iloc[0]
+        _title(figure, f"One attention head reinitialized, {_short('model', first['model'])}, "
+                       f"{int(first['train_size']):,} examples" + _extra(part))
+        plots.append(Plot(
+            f"heads{suffix}", figure,
+            "Reinitializing one attention head (its query, key and value slices and its slice of the output "
+            "projection): difference of the mean dev metric from the model with no head reset, in hundredths "
+            "(points, for accuracy); blue better, red worse." + _excluded_note(sub), "heads_figure",
+            f"One attention head reinitialized ({_context(sub, part)})"))
+    return plots
+
+
+FIGURES = (
+    incremental_figure, localized_figure, permutation_figure, scatter_figure, single_layer_figure,
+    lr_multiplier_figure, layernorm_figure, weight_distance_figure, sequential_figure, heads_figure,
+)  # fmt: skip
+
+
+def all_figures(rows: pd.DataFrame) -> list[Plot]:
+    """Every figure the rows support, in paper order."""
+    return [plot for make in FIGURES for plot in make(rows)]

@@ -1,0 +1,176 @@
+"""Tables for reading: numbers rounded, the interval in one column, empty columns dropped; as Markdown,
+LaTeX (booktabs) or HTML. The CSV files keep the raw numbers; these are for people."""
+from __future__ import annotations
+
+import html
+
+import numpy as np
+import pandas as pd
+
+# Columns of the raw tables that the readable form folds into others or leaves to the CSV.
+_FOLDED = {"ci95_low", "ci95_high", "mean_minus_2std", "mean_plus_2std", "diverged", "failed"}
+_P_VALUES = {"spearman_p", "pearson_p"}
+_QUIET = ("keep_layernorm", "reinit_pooler", "reinit_mode")
+
+
+def _number(value, digits: int = 4) -> str:
+    if value is None or value is pd.NA or (isinstance(value, float) and np.isnan(value)):
+        return ""
+    if isinstance(value, (bool, np.bool_)):
+        return "yes" if value else "no"
+    if isinstance(value, (int, np.integer)):
+        return str(int(value))
+    if isinstance(value, (float, np.floating)):
+        if float(value).is_integer() and abs(value) < 1e6 and digits == 0:
+            return str(int(value))
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _p_value(value) -> str:
+    if value is None or (isinstance(value, float) and np.isnan(value)):
+        return ""
+    return "<0.0001" if value < 1e-4 else f"{value:.4f}"
+
+
+def readable(table: pd.DataFrame, two_std: bool = False) -> pd.DataFrame:
+    """The table as strings: 'mean', 'std', '95% CI' as [low, high], '±2 std' (when `two_std`), counts
+    as integers; columns empty everywhere, and reinit_mode / keep_layernorm where constant, left out."""
+    if table.empty:
+        return table.astype(str)
+    table = table.copy()
+    out = pd.DataFrame(index=table.index)
+    folded = _FOLDED if "excluded" in table.columns else _FOLDED - {"diverged", "failed"}
+    for column in table.columns:
+        if column in folded:
+            continue
+        series = table[column]
+        if series.isna().all() or (series.astype(str) == "").all():
+            continue
+        if column in _QUIET and series.nunique(dropna=False) <= 1:
+            continue
+        if column in _P_VALUES:
+            out[column] = series.map(_p_value)
+        elif column in ("mean", "std", "spearman", "pearson", "baseline", "delta", "direct", "mean_val_objective"):
+            out[column] = series.map(_number)
+        elif column in ("train_size", "n", "excluded", "k", "layer", "head", "block_start", "block_size"):
+            out[column] = series.map(lambda v: _number(v, 0))
+        elif column == "lr_multiplier":
+            out[column] = series.map(lambda v: "" if pd.isna(v) else f"{v:g}x")
+        elif column == "mean_stop_epoch":
+            out[column] = series.map(lambda v: _number(v, 1))
+        else:
+            out[column] = series.map(lambda v: _number(v))
+        if column == "std" and "ci95_low" in table.columns:
+            out["95% CI"] = [
+                "" if np.isnan(lo) else f"[{lo:.4f}, {hi:.4f}]" for lo, hi in zip(table["ci95_low"], table["ci95_high"])
+            ]
+            if two_std:
+                out["±2 std"] = ["" if np.isnan(s) else f"±{2 * s:.4f}" for s in table["std"].astype(float)]
+    if "excluded" in out.columns and (table["excluded"] == 0).all():
+        out = out.drop(columns="excluded")
+    if "note" in out.columns and (out["note"] == "").all():
+        out = out.drop(columns="note")
+    return out.reset_index(drop=True)
+
+
+def correlations_readable(table: pd.DataFrame) -> pd.DataFrame:
+    """Table 1 as the paper prints it: 'Spearman (p)' and 'Pearson (p)' per task pair, with N."""
+    if table.empty:
+        return table.astype(str)
+    out = pd.DataFrame({
+        "model": table["model"].astype(str),
+        "train_size": table["train_size"].map(lambda v: _number(v, 0)),
+        "tasks": [f"{a}, {b}" for a, b in zip(table["task_a"], table["task_b"])],
+        "Spearman (p)": [_pair(r, p) for r, p in zip(table["spearman"], table["spearman_p"])],
+        "Pearson (p)": [_pair(r, p) for r, p in zip(table["pearson"], table["pearson_p"])],
+        "N": table["n"].map(lambda v: _number(v, 0)),
+        "note": table["note"].fillna(""),
+    })
+    for column in ("model", "train_size"):
+        if out[column].nunique() <= 1:
+            out = out.drop(columns=column)
+    if (out["note"] == "").all():
+        out = out.drop(columns="note")
+    return out
+
+
+def _pair(r, p) -> str:
+    return "" if np.isnan(r) else f"{r:.2f} ({p:.2f})" if p >= 0.005 else f"{r:.2f} ({_p_value(p)})"
+
+
+def matrix_readable(matrix: pd.DataFrame) -> pd.DataFrame:
+    """The sequential-finetuning matrix with its index as columns and numbers rounded."""
+    if matrix.empty:
+        return pd.DataFrame()
+    out = matrix.reset_index()
+    for column in matrix.columns:
+        out[column] = out[column].map(_number)
+    out["train_size"] = out["train_size"].map(lambda v: _number(v, 0))
+    out.columns = [str(c) if c != "final_task" else "final \\ intermediate" for c in out.columns]
+    if out["model"].nunique() <= 1:
+        out = out.drop(columns="model")
+    return out
+
+
+def to_markdown(table: pd.DataFrame) -> str:
+    if table.empty:
+        return "_(no rows)_\n"
+    cells = [[str(c) for c in table.columns]] + [[str(v) for v in row] for row in table.itertuples(index=False)]
+    cells = [[c.replace("|", "\\|") for c in row] for row in cells]
+    numeric = [all(_looks_numeric(r[i]) for r in cells[1:]) for i in range(len(cells[0]))]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(cells[0]))]
+    lines = []
+    for j, row in enumerate(cells):
+        padded = [c.rjust(w) if num else c.ljust(w) for c, w, num in zip(row, widths, numeric)]
+        lines.append("| " + " | ".join(padded) + " |")
+        if j == 0:
+            lines.append("|" + "|".join(("-" * (w + 1) + ":") if num else ("-" * (w + 2))
+                                        for w, num in zip(widths, numeric)) + "|")
+    return "\n".join(lines) + "\n"
+
+
+def _looks_numeric(text: str) -> bool:
+    text = text.strip().lstrip("±<")
+    if text == "":
+        return True
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
+_LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
+                  "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
+                  "±": r"$\pm$", "<": r"$<$"}
+
+
+def _latex_escape(text: str) -> str:
+    return "".join(_LATEX_SPECIAL.get(ch, ch) for ch in str(text))
+
+
+def to_latex(table: pd.DataFrame, caption: str = "", label: str = "") -> str:
+    """A booktabs table (needs \\usepackage{booktabs})."""
+    if table.empty:
+        return "% (no rows)\n"
+    align = "".join("r" if all(_looks_numeric(str(v)) for v in table[c]) else "l" for c in table.columns)
+    lines = [r"\begin{table}[t]", r"\centering", rf"\begin{{tabular}}{{{align}}}", r"\toprule",
+             " & ".join(_latex_escape(c) for c in table.columns) + r" \\", r"\midrule"]
+    lines += [" & ".join(_latex_escape(v) for v in row) + r" \\" for row in table.itertuples(index=False)]
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    if caption:
+        lines.append(rf"\caption{{{_latex_escape(caption)}}}")
+    if label:
+        lines.append(rf"\label{{{label}}}")
+    lines.append(r"\end{table}")
+    return "\n".join(lines) + "\n"
+
+
+def to_html(table: pd.DataFrame) -> str:
+    if table.empty:
+        return "<p><em>(no rows)</em></p>"
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in table.columns)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in row) + "</tr>"
+                   for row in table.itertuples(index=False))
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"

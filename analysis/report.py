@@ -1,0 +1,228 @@
+"""`python -m analysis report RESULTS --out DIR`: every table and figure the rows support, and an index.
+
+DIR/
+  index.md, index.html      every table and figure, with the command that made it
+  tables/<name>.csv         raw numbers (full precision, every column)
+  tables/<name>.md          the same table for reading (and <name>.tex with --latex)
+  figures/<name>.png, .pdf
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import html
+import shlex
+from pathlib import Path
+
+import pandas as pd
+
+from analysis import figures as F
+from analysis import format as fmt
+from analysis import tables as T
+from analysis.results import prepare, read_results, result_files
+
+INLINE_ROWS = 40  # longer tables are shown in part on the index page, whole in their files
+
+
+@dataclasses.dataclass(frozen=True)
+class TableSpec:
+    name: str
+    title: str
+    function: object
+    kind: str = "summary"  # summary | plain | correlations | matrix
+    two_std: bool = False
+    note: str = ""
+
+
+TABLES = (
+    TableSpec("status", "Trials by status", T.status_table, "plain",
+              note="Every row read, by experiment and status; only 'ok' trials enter the means below."),
+    TableSpec("references", "Reference models", T.reference_table, two_std=True,
+              note="Full model (nothing reinitialized) and embeddings only (incremental k = 0): the reference "
+                   "lines of Figures 3, 4 and 6."),
+    TableSpec("incremental", "Incremental reinitialization (Figure 2)", T.incremental_table,
+              note="Layers 1..k pretrained, k+1..L reinitialized."),
+    TableSpec("localized", "Localized reinitialization (Figure 3)", T.localized_table),
+    TableSpec("permutation", "Layer permutations (Figure 4)", T.permutation_table),
+    TableSpec("permutation-correlations", "Table 1: paired correlations between tasks over permutations",
+              T.permutation_correlations, "correlations",
+              note="Spearman and Pearson correlation between two tasks' outcomes of the same permutation "
+                   "(paired by permutation_index), two-sided p-value in parentheses, N pairs."),
+    TableSpec("probing", "Probing (dashed lines of Figure 2)", T.probing_table,
+              note="Frozen model, a classifier on one layer (0 = embeddings)."),
+    TableSpec("single-layer", "Single-layer reinitialization (Figure 6)", T.single_layer_table, two_std=True),
+    TableSpec("reinit-lr", "Higher learning rate for reinitialized layers (Figure 7)", T.lr_multiplier_table,
+              two_std=True),
+    TableSpec("layernorm", "Preserved LayerNorm (Figure 8)", T.layernorm_table, two_std=True),
+    TableSpec("weight-distance", "Weight change by layer", T.weight_distance_table,
+              note="Frobenius distance between pretrained and finetuned weights per layer (weight_layer)."),
+    TableSpec("sequential-matrix", "Sequential finetuning: final task x intermediate task", T.sequential_matrix,
+              "matrix", note="Mean dev metric of the final task (row) after finetuning on the intermediate task "
+                             "(column) first; the diagonal is direct finetuning."),
+    TableSpec("sequential", "Sequential finetuning, per cell", T.sequential_table),
+    TableSpec("heads", "One attention head reinitialized", T.heads_table),
+    TableSpec("lr-search", "Per-layer learning-rate multiplier search", T.lr_search_table),
+    TableSpec("other", "Other experiments", T.other_table,
+              note="Experiments without a dedicated table: the generic per-condition summary."),
+)
+
+
+@dataclasses.dataclass
+class Item:
+    kind: str  # "table" | "figure"
+    name: str
+    title: str
+    files: list[str]  # relative to the report folder
+    api: str
+    caption: str = ""
+    readable: pd.DataFrame | None = None
+    rows: int = 0
+
+
+@dataclasses.dataclass
+class Report:
+    folder: Path
+    command: str
+    header: list[str]
+    items: list[Item]
+
+    @property
+    def tables(self):
+        return [i for i in self.items if i.kind == "table"]
+
+    @property
+    def figures(self):
+        return [i for i in self.items if i.kind == "figure"]
+
+
+def readable_table(spec: TableSpec, table: pd.DataFrame) -> pd.DataFrame:
+    if spec.kind == "correlations":
+        return fmt.correlations_readable(table)
+    if spec.kind == "matrix":
+        return fmt.matrix_readable(table)
+    return fmt.readable(table, two_std=spec.two_std)
+
+
+def build_report(results, out, *, latex: bool = False, formats=("png", "pdf"), command: str | None = None,
+                 dpi: int = 150) -> Report:
+    """Write the report of the rows under `results` into `out`; returns what it wrote."""
+    out = Path(out)
+    (out / "tables").mkdir(parents=True, exist_ok=True)
+    (out / "figures").mkdir(parents=True, exist_ok=True)
+    raw = read_results(results)
+    rows = prepare(raw)
+    command = command or " ".join(["python -m analysis report", shlex.quote(str(results)), "--out",
+                                   shlex.quote(str(out))] + (["--latex"] if latex else []))
+    load = f"analysis.load({str(results)!r})"
+    items = []
+    for spec in TABLES:
+        table = spec.function(rows)
+        if table.empty:
+            continue
+        readable = readable_table(spec, table)
+        stem = out / "tables" / spec.name
+        (table.reset_index() if spec.kind == "matrix" else table).to_csv(stem.with_suffix(".csv"), index=False)
+        note = f"{spec.note}\n\n" if spec.note else ""
+        stem.with_suffix(".md").write_text(f"# {spec.title}\n\n{note}{fmt.to_markdown(readable)}")
+        files = [f"tables/{spec.name}.csv", f"tables/{spec.name}.md"]
+        if latex:
+            stem.with_suffix(".tex").write_text(fmt.to_latex(readable, caption=spec.title, label=f"tab:{spec.name}"))
+            files.append(f"tables/{spec.name}.tex")
+        items.append(Item("table", spec.name, spec.title, files, f"analysis.tables.{spec.function.__name__}({load})",
+                          spec.note, readable, len(table)))
+    for plot in F.all_figures(rows):
+        files = []
+        for ext in formats:
+            path = out / "figures" / f"{plot.name}.{ext}"
+            plot.figure.savefig(path, dpi=dpi)
+            files.append(f"figures/{plot.name}.{ext}")
+        items.append(Item("figure", plot.name, plot.title or plot.name, files,
+                          f"analysis.figures.{plot.function}({load})", plot.caption))
+    report = Report(out, command, _header(results, raw, rows), items)
+    (out / "index.md").write_text(index_markdown(report))
+    (out / "index.html").write_text(index_html(report))
+    return report
+
+
+def _header(results, raw: pd.DataFrame, rows: pd.DataFrame) -> list[str]:
+    counts = rows["status"].value_counts().to_dict() if len(rows) else {}
+    lines = [
+        f"Source: `{results}` ({len(result_files(results))} Parquet files, {len(rows)} trials), read "
+        f"{datetime.datetime.now().astimezone().strftime('%Y-%m-%d %H:%M %Z')}. A sweep still running adds "
+        "rows: run the command again.",
+        "Trials: " + (", ".join(f"{counts.get(s, 0)} {s}" for s in ("ok", "diverged", "error"))
+                      if counts else "none") + ".",
+    ]
+    left = len(rows) - counts.get("ok", 0)
+    if left:
+        lines.append(f"Left out of every mean, interval and figure: {counts.get('diverged', 0)} diverged and "
+                     f"{left - counts.get('diverged', 0)} failed trials; each table counts them per condition "
+                     "(`excluded`).")
+    if len(raw) > len(rows):
+        lines.append(f"{len(raw) - len(rows)} rows repeated a trial_id already read (the same trial in two "
+                     "folders) and were counted once.")
+    if "experiment" in rows.columns and len(rows):
+        counts = rows["experiment"].value_counts().sort_index()
+        lines.append("Experiments: " + ", ".join(f"{e} ({n})" for e, n in counts.items()) + ".")
+    lines.append("Intervals: 95% t-intervals with n-1 degrees of freedom (scipy.stats.t); ±2 std where the paper "
+                 "used it (Figures 4, 6, 7, 8). A condition with one finished trial has a mean and no interval.")
+    return lines
+
+
+def index_markdown(report: Report) -> str:
+    parts = [f"# Results report\n\n```bash\n{report.command}\n```\n"]
+    parts += [f"- {line}" for line in report.header]
+    parts.append("\nIn Python (a notebook), every table and figure below comes from the call printed with it:\n\n"
+                 "```python\nimport analysis\nrows = analysis.load(...)  # the same rows as this report\n```\n")
+    parts.append("## Contents\n")
+    parts += [f"- [{i.title}](#{i.kind}-{i.name}) ({i.kind})" for i in report.items]
+    for item in report.items:
+        parts.append(f'\n<a id="{item.kind}-{item.name}"></a>\n\n## {item.title}\n')
+        if item.kind == "figure":
+            png = next((f for f in item.files if f.endswith(".png")), None)
+            if png:
+                parts.append(f"![{item.name}]({png})\n")
+            parts.append(f"{item.caption}\n")
+        else:
+            if item.caption:
+                parts.append(f"{item.caption}\n")
+            shown = item.readable.head(INLINE_ROWS)
+            parts.append(fmt.to_markdown(shown))
+            if len(item.readable) > INLINE_ROWS:
+                parts.append(f"\n_First {INLINE_ROWS} of {len(item.readable)} rows; all of them in the files below._\n")
+        parts.append("Files: " + ", ".join(f"[{f}]({f})" for f in item.files) + "  ")
+        parts.append(f"Made by: `{report.command}`  \nPython: `{item.api}`\n")
+    return "\n".join(parts) + "\n"
+
+
+_STYLE = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
+table{border-collapse:collapse;font-size:12px;margin:.5em 0}
+td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}th{background:#f3f3f3}
+img{max-width:100%;border:1px solid #eee}code,pre{background:#f6f6f6;padding:1px 4px}
+.scroll{max-height:420px;overflow:auto}section{border-top:1px solid #ddd;margin-top:1.5em}
+.cmd{font-size:12px;color:#555}"""
+
+
+def index_html(report: Report) -> str:
+    e = html.escape
+    body = [f"<h1>Results report</h1><pre>{e(report.command)}</pre><ul>"]
+    body += [f"<li>{e(line).replace('`', '')}</li>" for line in report.header]
+    body.append("</ul><h2>Contents</h2><ul>")
+    body += [f'<li><a href="#{i.kind}-{i.name}">{e(i.title)}</a> ({i.kind})</li>' for i in report.items]
+    body.append("</ul>")
+    for item in report.items:
+        body.append(f'<section id="{item.kind}-{item.name}"><h2>{e(item.title)}</h2>')
+        if item.kind == "figure":
+            png = next((f for f in item.files if f.endswith(".png")), None)
+            if png:
+                body.append(f'<img src="{e(png)}" alt="{e(item.name)}">')
+            body.append(f"<p>{e(item.caption)}</p>")
+        else:
+            if item.caption:
+                body.append(f"<p>{e(item.caption)}</p>")
+            body.append(f'<div class="scroll">{fmt.to_html(item.readable)}</div>')
+        links = ", ".join(f'<a href="{e(f)}">{e(f)}</a>' for f in item.files)
+        body.append(f'<p class="cmd">Files: {links}<br>Made by: <code>{e(report.command)}</code><br>'
+                    f"Python: <code>{e(item.api)}</code></p></section>")
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>Results report</title>"
+            f"<style>{_STYLE}</style></head><body>{''.join(body)}</body></html>\n")

@@ -1,0 +1,110 @@
+"""GLUE metrics from predictions and gold labels.
+
+Classification tasks take predicted class ids (argmax of the logits), regression (stsb) takes the predicted
+scores. Undefined values (a correlation with a constant side) are reported as 0.0, "no measurable
+association", so that means and t-intervals over trials stay finite when a trial collapses to one answer.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import scipy.stats
+from scipy.stats.contingency import crosstab
+
+from trainables.tasks import Task, get_task
+
+# The metrics reported for each task; a Task not listed here gets its headline metric alone.
+TASK_METRICS: dict[str, tuple[str, ...]] = {
+    "sst2": ("accuracy",),
+    "qnli": ("accuracy",),
+    "rte": ("accuracy",),
+    "wnli": ("accuracy",),
+    "synthetic": ("accuracy",),
+    "cola": ("matthews_correlation",),
+    "mrpc": ("accuracy", "f1"),
+    "stsb": ("pearson", "spearman"),
+}
+
+
+def headline_metric(task: Task | str) -> str:
+    return as_task(task).metric
+
+
+def compute_metrics(task: Task | str, predictions, labels) -> dict[str, float]:
+    task = as_task(task)
+    predictions, labels = check_inputs(task, predictions, labels)
+    return {name: float(METRICS[name](predictions, labels)) for name in TASK_METRICS.get(task.name, (task.metric,))}
+
+
+def as_task(task: Task | str) -> Task:
+    return task if isinstance(task, Task) else get_task(task)
+
+
+def check_inputs(task: Task, predictions, labels) -> tuple[np.ndarray, np.ndarray]:
+    predictions, labels = np.asarray(predictions), np.asarray(labels)
+    for field, values in (("predictions", predictions), ("labels", labels)):
+        if values.ndim != 1:
+            hint = " (class ids: take the argmax of the logits)" if values.ndim == 2 else ""
+            raise ValueError(f"{field} must be one value per example; got shape {values.shape}{hint}")
+        if len(values) == 0:
+            raise ValueError(f"{field} is empty; metrics need at least one example")
+        if not task.is_regression:
+            check_class_ids(field, values, task.num_labels)
+    if len(predictions) != len(labels):
+        raise ValueError(f"predictions has {len(predictions)} values but labels has {len(labels)}")
+    if task.is_regression:
+        return predictions.astype(np.float64), labels.astype(np.float64)
+    return predictions.astype(np.int64), labels.astype(np.int64)
+
+
+def check_class_ids(field: str, values: np.ndarray, num_labels: int) -> None:
+    allowed = f"class ids 0..{num_labels - 1}"
+    if values.dtype.kind == "f" and not np.all(values == np.round(values)):
+        bad = values[values != np.round(values)][0]
+        raise ValueError(f"{field} holds {bad.item()!r}; allowed: {allowed}")
+    outside = values[(values < 0) | (values >= num_labels)]
+    if len(outside):
+        raise ValueError(f"{field} holds {outside[0].item()!r}; allowed: {allowed}")
+
+
+def accuracy(predictions: np.ndarray, labels: np.ndarray) -> float:
+    return float(np.mean(predictions == labels))
+
+
+def matthews_correlation(predictions: np.ndarray, labels: np.ndarray) -> float:
+    """Gorodkin's multi-class MCC from the confusion matrix; for two classes it is the phi coefficient."""
+    classes = np.union1d(predictions, labels)
+    confusion = crosstab(labels, predictions, levels=(classes, classes)).count.astype(np.float64)
+    true_counts, predicted_counts = confusion.sum(axis=1), confusion.sum(axis=0)
+    total, correct = confusion.sum(), np.trace(confusion)
+    covariance = correct * total - predicted_counts @ true_counts
+    denominator = math.sqrt((total**2 - predicted_counts @ predicted_counts) * (total**2 - true_counts @ true_counts))
+    # Zero when either side is constant: MCC is undefined there, and 0.0 is the usual convention.
+    return covariance / denominator if denominator > 0 else 0.0
+
+
+def f1(predictions: np.ndarray, labels: np.ndarray, positive: int = 1) -> float:
+    true_positive = np.sum((predictions == positive) & (labels == positive))
+    predicted, actual = np.sum(predictions == positive), np.sum(labels == positive)
+    # 2TP / (2TP + FP + FN); with no positive predicted nor present, F1 is undefined and reported as 0.0.
+    return 2 * true_positive / (predicted + actual) if predicted + actual > 0 else 0.0
+
+
+def correlation(statistic):
+    def compute(predictions: np.ndarray, labels: np.ndarray) -> float:
+        if np.all(predictions == predictions[0]) or np.all(labels == labels[0]):
+            return 0.0  # undefined: scipy would warn and return nan
+        return float(statistic(predictions, labels).statistic)
+
+    compute.__name__ = statistic.__name__
+    return compute
+
+
+METRICS = {
+    "accuracy": accuracy,
+    "matthews_correlation": matthews_correlation,
+    "f1": f1,
+    "pearson": correlation(scipy.stats.pearsonr),
+    "spearman": correlation(scipy.stats.spearmanr),
+}
