@@ -72,6 +72,17 @@ def test_real_sweep_writes_rows_skips_done_and_runs_only_new_cells(ray_local, ti
     assert (rows.groupby("trial_index")["subset_seed"].nunique() == 1).all()
     files = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "t" / "rows").iterdir()}
 
+    # TensorBoard: each trial's per-epoch scalars, in a folder named by its trial_id (k and trial index).
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = sorted((tmp_path / "t").glob("tune-*/*/events.out.tfevents*"))
+    assert sorted(e.parent.name for e in events) == sorted(rows["trial_id"])
+    accumulator = EventAccumulator(str(events[0]))
+    accumulator.Reload()
+    logged = [e.value for e in accumulator.Scalars("ray/tune/dev_metric")]
+    stored = rows.set_index("trial_id").loc[events[0].parent.name, "dev_metrics_by_epoch"]
+    assert logged == pytest.approx(list(stored))
+
     assert main([*argv, "--trials", "2"]) == 0  # finished: runs nothing, rewrites nothing
     assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "t" / "rows").iterdir()} == files
 

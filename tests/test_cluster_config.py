@@ -1,0 +1,43 @@
+"""cluster.yaml, checked offline against Ray's own cluster-config schema (no cloud is reached)."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+CLUSTER_YAML = Path(__file__).resolve().parents[1] / "cluster.yaml"
+
+
+@pytest.fixture(scope="module")
+def config() -> dict:
+    return yaml.safe_load(CLUSTER_YAML.read_text())
+
+
+def test_cluster_yaml_passes_rays_schema(config):
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    # What `ray up` does before it contacts the cloud: fill in the provider's defaults, then validate.
+    validate_config(prepare_config(config))
+
+
+def test_image_matches_the_installed_ray_and_is_a_gpu_image(config):
+    import ray
+
+    image = config["docker"]["image"]
+    match = re.fullmatch(r"rayproject/ray:(\d+\.\d+\.\d+)-py3\d+-gpu", image)
+    assert match, f"{image} is not a rayproject/ray:<version>-pyXY-gpu image"
+    assert match.group(1) == ray.__version__, "the cluster must run the Ray version the project pins"
+
+
+def test_no_credentials_in_the_file():
+    text = CLUSTER_YAML.read_text().lower()
+    for secret in ("aws_access_key_id", "aws_secret_access_key", "secret_key", "password", "token:"):
+        assert secret not in text
+
+
+def test_gpu_workers_declare_gpus_and_the_head_runs_no_trials(config):
+    types = config["available_node_types"]
+    assert types[config["head_node_type"]]["resources"].get("CPU") == 0
+    assert any(t["resources"].get("GPU", 0) >= 1 for t in types.values())
