@@ -110,3 +110,14 @@ def test_missing_split_is_reported_before_ray_starts(tiny_bert, glue_dir, tmp_pa
     with pytest.raises(FileNotFoundError, match="qnli"):
         main(["incremental", "--model", tiny_bert, "--tasks", "qnli", "--data-dir", str(glue_dir),
               "--sizes", "16", "--trials", "1", "--k", "4", "--storage", str(tmp_path)])
+
+
+def test_same_trial_through_the_sweep_twice_gives_the_same_numbers(ray_local, tiny_bert, tmp_path):
+    argv = ["incremental", "--model", tiny_bert, "--tasks", "synthetic", "--sizes", "24", "--k", "2",
+            "--epochs", "2", "--trials", "1", "--storage", str(tmp_path)]
+    assert main([*argv, "--name", "first"]) == 0 and main([*argv, "--name", "second"]) == 0
+    first, second = (read_results(tmp_path / n).set_index("trial_id") for n in ("first", "second"))
+    assert list(first.index) == list(second.index)  # same identity, same trial_id
+    for column in ["dev_metric", "train_loss"]:
+        assert first[column].tolist() == second[column].tolist(), column
+    assert first["dev_metrics_by_epoch"].map(list).tolist() == second["dev_metrics_by_epoch"].map(list).tolist()
