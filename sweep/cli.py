@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import os
 import sys
 import time
@@ -25,8 +26,9 @@ PRESETS = {
     ),
 }
 
-# Layer counts of the paper's models, so that `--preset paper --dry-run` can count its grid offline.
+# Layer and head counts of the paper's models, so that `--preset paper --dry-run` counts its grid offline.
 KNOWN_LAYER_COUNTS = {"bert-base-uncased": 12, "bert-base-cased": 12, "bert-large-uncased": 24}
+KNOWN_HEAD_COUNTS = {"bert-base-uncased": 12, "bert-base-cased": 12, "bert-large-uncased": 16}
 
 
 def parse_trials(values: list[str]) -> tuple[tuple[int, int], ...]:
@@ -58,7 +60,18 @@ def build_parser() -> argparse.ArgumentParser:
     grid.add_argument("--data-dir", help="a local GLUE folder (SST-2/train.tsv, ...); default: the hub")
     grid.add_argument("--sizes", nargs="+", type=int, help="training subset sizes")
     grid.add_argument("--trials", nargs="+", help="trials per size: N, or SIZE=N items (e.g. 500=50 3)")
+    grid.add_argument("--fractions", nargs="+", type=float,
+                      help="subset sizes as fractions of each task's train split, in (0, 1] (e.g. 0.01 0.1 1.0); "
+                           "replaces the preset's --sizes unless --sizes is given too")
     grid.add_argument("--k", nargs="+", type=int, help="restrict the kept-layer counts (default 0..L)")
+    grid.add_argument("--block-size", type=int, help="localized: consecutive layers per block (default 3)")
+    grid.add_argument("--layers", nargs="+", type=int, help="single-layer, heads: layers 1..L to use (default all)")
+    grid.add_argument("--heads", nargs="+", type=int, help="heads: head indices 0..H-1 to reset (default all)")
+    grid.add_argument("--permutations", type=int, help="permutation: how many layer orders (default 10)")
+    grid.add_argument("--lr-multiplier", type=float,
+                      help="reinit-lr: learning rate of reinitialized layers over the base rate (default 5)")
+    grid.add_argument("--intermediate-tasks", nargs="+",
+                      help="sequential: tasks finetuned first (default: the same as --tasks)")
     grid.add_argument("--seed", type=int, default=0, help="base seed; trial i uses seed+i")
     train = p.add_argument_group("finetuning")
     train.add_argument("--epochs", type=int, help="default: 5 for subsets of <=500 examples, else 3")
@@ -81,10 +94,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def settings_from_args(args) -> GridSettings:
-    preset = dict(PRESETS[args.preset])
+    preset = {**PRESETS[args.preset], **EXPERIMENTS[args.experiment].presets.get(args.preset, {})}
     if args.model is not None and args.model != preset["model"]:
-        preset.pop("k", None)  # a preset's k points are chosen for its own model's depth
+        for name in ("k", "layers", "heads"):
+            preset.pop(name, None)  # a preset's layer and head picks are chosen for its own model
+    if args.fractions is not None:
+        preset["sizes"] = []  # fractions replace the preset's sizes; --sizes adds to them
     pick = lambda name: getattr(args, name) if getattr(args, name) is not None else preset.get(name)  # noqa: E731
+    optional = lambda name: tuple(pick(name)) if pick(name) is not None else None  # noqa: E731
     return GridSettings(
         model=pick("model"),
         tasks=tuple(pick("tasks")),
@@ -102,10 +119,17 @@ def settings_from_args(args) -> GridSettings:
         reinit_mode=args.reinit_mode,
         reinit_pooler=args.reinit_pooler,
         seed=args.seed,
+        block_size=pick("block_size") or 3,
+        layers=optional("layers"),
+        heads=optional("heads"),
+        permutations=pick("permutations") if pick("permutations") is not None else 10,
+        lr_multiplier=pick("lr_multiplier") if pick("lr_multiplier") is not None else 5.0,
+        intermediate_tasks=optional("intermediate_tasks"),
+        fractions=tuple(pick("fractions") or ()),
     )
 
 
-def validate(settings: GridSettings, args, num_layers: int) -> list[str]:
+def validate(settings: GridSettings, args, num_layers: int, num_heads: int | None = None) -> list[str]:
     """Every problem with the request, each naming the option, the value and what is allowed."""
     from trainables.tasks import TASKS
 
@@ -113,6 +137,28 @@ def validate(settings: GridSettings, args, num_layers: int) -> list[str]:
     for task in settings.tasks:
         if task not in TASKS:
             problems.append(f"--tasks: unknown task '{task}'; allowed: {', '.join(sorted(TASKS))}")
+    for task in settings.intermediate_tasks or ():
+        if task not in TASKS:
+            problems.append(f"--intermediate-tasks: unknown task '{task}'; allowed: {', '.join(sorted(TASKS))}")
+    if not settings.sizes and not settings.fractions:
+        problems.append("--sizes: no subset size given; give --sizes or --fractions")
+    for fraction in settings.fractions:
+        if not 0 < fraction <= 1:
+            problems.append(f"--fractions: {fraction} is outside (0, 1]; give a share of the train split")
+    if not 1 <= settings.block_size <= num_layers:
+        problems.append(f"--block-size: {settings.block_size} is outside 1..{num_layers} for {settings.model} "
+                        f"({num_layers} layers)")
+    for layer in settings.layers or ():
+        if not 1 <= layer <= num_layers:
+            problems.append(f"--layers: {layer} is outside 1..{num_layers} for {settings.model} ({num_layers} layers)")
+    for head in settings.heads or ():
+        if num_heads is not None and not 0 <= head < num_heads:
+            problems.append(f"--heads: {head} is outside 0..{num_heads - 1} for {settings.model} "
+                            f"({num_heads} attention heads per layer)")
+    if settings.permutations < 1:
+        problems.append(f"--permutations: {settings.permutations} must be at least 1")
+    if not settings.lr_multiplier > 0:
+        problems.append(f"--lr-multiplier: {settings.lr_multiplier} must be positive")
     for size in settings.sizes:
         if size <= 0:
             problems.append(f"--sizes: {size} is not a positive number of training examples")
@@ -133,14 +179,23 @@ def validate(settings: GridSettings, args, num_layers: int) -> list[str]:
 
 
 def count_layers(model: str, dry_run: bool) -> int:
+    return model_shape(model, dry_run)[0]
+
+
+def model_shape(model: str, dry_run: bool) -> tuple[int, int]:
+    """(layers, attention heads per layer) of a model, from its config."""
     from trainables.models import load_config
 
+    if dry_run and model in KNOWN_LAYER_COUNTS:  # counting needs no download (nor a network timeout)
+        return KNOWN_LAYER_COUNTS[model], KNOWN_HEAD_COUNTS[model]
     try:
-        return int(load_config(model).num_hidden_layers)
+        config = load_config(model)
     except OSError:
         if dry_run and model in KNOWN_LAYER_COUNTS:
-            return KNOWN_LAYER_COUNTS[model]
+            return KNOWN_LAYER_COUNTS[model], KNOWN_HEAD_COUNTS[model]
         raise
+    heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_heads")
+    return int(config.num_hidden_layers), int(heads)
 
 
 def describe_grid(specs: list[TrialSpec]) -> str:
@@ -155,34 +210,45 @@ def describe_grid(specs: list[TrialSpec]) -> str:
     return "\n".join(lines)
 
 
-def prepare_data(settings: GridSettings) -> dict:
-    """Load and tokenize each task once for the whole sweep; trials share the result via Ray's object store."""
-    from trainables.data import tokenize_task
-    from trainables.models import load_tokenizer
+def load_raw_tasks(settings: GridSettings, tasks) -> dict:
     from trainables.tasks import load_task
 
+    return {task: load_task(task, settings.data_dir) for task in tasks}
+
+
+def prepare_data(settings: GridSettings, specs: list[TrialSpec], raw: dict | None = None) -> dict:
+    """Load and tokenize once for the whole sweep every task its trials train or evaluate on (the final and
+    any intermediate task); trials share the result via Ray's object store."""
+    from trainables.data import tokenize_task
+    from trainables.models import load_tokenizer
+
+    needed = {}  # task -> the largest subset any trial draws from it
+    for spec in specs:
+        for task in spec.tasks:
+            needed[task] = max(needed.get(task, 0), spec.train_size)
+    raw = {**load_raw_tasks(settings, [t for t in needed if t not in (raw or {})]), **(raw or {})}
+    for task, size in needed.items():
+        if size > len(raw[task].train):
+            raise SystemExit(f"--sizes: {size} is larger than the {task} train split ({len(raw[task].train):,} examples)")
     tokenizer = load_tokenizer(settings.model)
-    data = {}
-    for task in settings.tasks:
-        raw = load_task(task, settings.data_dir)
-        for size in settings.sizes:
-            if (task, size) not in settings.skip and size > len(raw.train):
-                raise SystemExit(
-                    f"--sizes: {size} is larger than the {task} train split ({len(raw.train):,} examples)"
-                )
-        data[data_key(task, settings.max_length)] = tokenize_task(raw, tokenizer, settings.model, settings.max_length)
-    return data
+    return {data_key(task, settings.max_length): tokenize_task(raw[task], tokenizer, settings.model, settings.max_length)
+            for task in needed}
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     settings = settings_from_args(args)
-    num_layers = count_layers(settings.model, args.dry_run)
-    problems = validate(settings, args, num_layers)
+    num_layers, num_heads = model_shape(settings.model, args.dry_run)
+    problems = validate(settings, args, num_layers, num_heads)
     if problems:
         print("cannot start the sweep:\n" + "\n".join(f"  - {p}" for p in problems), file=sys.stderr)
         return 2
-    specs = EXPERIMENTS[args.experiment](settings, num_layers)
+    raw = None
+    if settings.fractions:  # sizes from fractions need each task's train split size
+        raw = load_raw_tasks(settings, dict.fromkeys([*settings.tasks, *(settings.intermediate_tasks or ())]))
+        settings = dataclasses.replace(
+            settings, train_split_sizes=tuple((task, len(data.train)) for task, data in raw.items()))
+    specs = EXPERIMENTS[args.experiment].build(settings, num_layers, num_heads)
     name = args.name or args.experiment
     print(f"{args.experiment}: {settings.model} ({num_layers} layers), storage {args.storage}/{name}")
     print(describe_grid(specs))
@@ -194,18 +260,18 @@ def main(argv: list[str] | None = None) -> int:
     todo = [s for s in specs if s.trial_id not in done]
     print(f"{len(specs) - len(todo)} already done, {len(todo)} to run")
     if todo:
-        run(todo, settings, args, folder)
+        run(todo, settings, args, folder, raw)
     return report(folder, {s.trial_id for s in specs})
 
 
-def run(todo: list[TrialSpec], settings: GridSettings, args, folder: Path) -> None:
+def run(todo: list[TrialSpec], settings: GridSettings, args, folder: Path, raw: dict | None = None) -> None:
     import ray
 
     from sweep.runner import run_trials
     from trainables.models import load_pretrained
 
     started = time.perf_counter()
-    data = prepare_data(settings)
+    data = prepare_data(settings, todo, raw)
     pretrained = {settings.model: load_pretrained(settings.model)}
     print(f"data and weights ready in {time.perf_counter() - started:.1f}s; "
           f"watch trials with `tensorboard --logdir {folder.parent}`")

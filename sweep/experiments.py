@@ -1,11 +1,12 @@
-"""The experiment registry: an experiment's name maps to a function that builds its grid of trials."""
+"""The experiment registry: an experiment's name maps to a function that builds its grid of trials (and the
+options its presets fill in). Adding an experiment is one builder and one EXPERIMENTS entry."""
 from __future__ import annotations
 
 import dataclasses
 from typing import Callable
 
 from sweep.grid import TrialSpec
-from trainables.ablations import Reinit
+from trainables.ablations import HeadReinit, Permute, Reinit
 from trainables.finetune import default_epochs
 
 
@@ -29,28 +30,62 @@ class GridSettings:
     reinit_mode: str = "intended"
     reinit_pooler: bool = False
     seed: int = 0  # base of every trial's seeds
+    # Options of particular experiments.
+    block_size: int = 3  # localized: consecutive layers per block
+    layers: tuple[int, ...] | None = None  # single-layer, heads: which layers (1-based); None: all
+    heads: tuple[int, ...] | None = None  # heads: which heads (0-based); None: all
+    permutations: int = 10  # permutation: how many layer orders
+    lr_multiplier: float = 5.0  # reinit-lr: the reinitialized layers' lr over the base lr
+    intermediate_tasks: tuple[str, ...] | None = None  # sequential: None: the same as `tasks`
+    fractions: tuple[float, ...] = ()  # train sizes as fractions of each task's train split (see sizes_for)
+    train_split_sizes: tuple[tuple[str, int], ...] = ()  # task -> train split size, for fractions
 
     def trials_for(self, size: int) -> int:
         counts = dict(self.trials)
         return counts.get(size, counts.get(0, 0))
 
+    def fraction_of(self, task: str, size: int) -> float | None:
+        """The fraction a size came from (None for sizes given as counts)."""
+        split = dict(self.train_split_sizes)
+        for f in self.fractions:
+            if task in split and max(1, round(f * split[task])) == size and size not in self.sizes:
+                return f
+        return None
+
     def source_for(self, task: str) -> str:
         # The kind of source, not the folder, is part of a trial's identity: moving the data keeps ids.
         return "synthetic" if task == "synthetic" else ("local" if self.data_dir else "hub")
 
+    def sizes_for(self, task: str) -> tuple[int, ...]:
+        """The task's subset sizes: `sizes`, then each fraction of its train split (at least one example)."""
+        split = dict(self.train_split_sizes)
+        if self.fractions and task not in split:
+            raise ValueError(f"--fractions needs the size of the {task} train split, which is not known")
+        from_fractions = [max(1, round(f * split[task])) for f in self.fractions]
+        return tuple(dict.fromkeys([*self.sizes, *from_fractions]))
+
     def cells(self):
         """(task, size, trial_index) in a stable order."""
         for task in self.tasks:
-            for size in self.sizes:
+            for size in self.sizes_for(task):
                 if (task, size) in self.skip:
                     continue
                 for trial_index in range(self.trials_for(size)):
                     yield task, size, trial_index
 
+    def reinit(self, layers, **options) -> Reinit:
+        return Reinit(layers=tuple(layers), mode=self.reinit_mode, reinit_pooler=self.reinit_pooler, **options)
 
-def trial(settings: GridSettings, experiment: str, task: str, size: int, trial_index: int, ablation, **extra):
+
+def trial(settings: GridSettings, experiment: str, task: str, size: int, trial_index: int, ablation,
+          labels: dict | None = None, **extra):
     """A trial with the settings' common fields; the trial index alone sets both seeds, so every condition
-    of one index trains on the same subset with the same head and batch order (a paired design)."""
+    of one index trains on the same subset with the same head and batch order (a paired design). `labels`
+    are the experiment's own row columns."""
+    labels = dict(labels or {})
+    fraction = settings.fraction_of(task, size)
+    if fraction is not None:
+        labels["train_fraction"] = fraction
     return TrialSpec(
         experiment=experiment,
         task=task,
@@ -67,21 +102,127 @@ def trial(settings: GridSettings, experiment: str, task: str, size: int, trial_i
         max_length=settings.max_length,
         weight_decay=settings.weight_decay,
         lr_schedule=settings.lr_schedule,
+        labels=tuple(labels.items()),
         **extra,
     )
 
 
-def incremental(settings: GridSettings, num_layers: int) -> list[TrialSpec]:
+def incremental(settings: GridSettings, num_layers: int, num_heads: int | None = None,
+                experiment: str = "incremental", keep_layernorm: bool = False, **extra) -> list[TrialSpec]:
     """Keep layers 1..k pretrained, reinitialize the rest, for every k (paper section 4.1)."""
     ks = settings.k if settings.k is not None else tuple(range(num_layers + 1))
-    options = dict(mode=settings.reinit_mode, reinit_pooler=settings.reinit_pooler)
     return [
-        trial(settings, "incremental", task, size, t, Reinit.incremental(k, num_layers, **options), k=k)
+        trial(settings, experiment, task, size, t,
+              settings.reinit(range(k + 1, num_layers + 1), keep_layernorm=keep_layernorm), k=k, **extra)
         for task, size, t in settings.cells()
         for k in ks
     ]
 
 
-EXPERIMENTS: dict[str, Callable[[GridSettings, int], list[TrialSpec]]] = {
-    "incremental": incremental,
+def layernorm(settings: GridSettings, num_layers: int, num_heads: int | None = None) -> list[TrialSpec]:
+    """Incremental, but reinitialized layers keep their pretrained LayerNorm (paper appendix G, Figure 8)."""
+    return incremental(settings, num_layers, experiment="layernorm", keep_layernorm=True)
+
+
+def reinit_lr(settings: GridSettings, num_layers: int, num_heads: int | None = None) -> list[TrialSpec]:
+    """Incremental, with the reinitialized layers at `lr_multiplier` times the learning rate (Figure 7)."""
+    return incremental(settings, num_layers, experiment="reinit-lr", lr_multiplier=float(settings.lr_multiplier))
+
+
+def localized(settings: GridSettings, num_layers: int, num_heads: int | None = None) -> list[TrialSpec]:
+    """Blocks of `block_size` consecutive layers at every start: the block reinitialized (block-reinit), or
+    only the block kept pretrained (block-preserve) (paper section 4.2, Figure 3)."""
+    size = settings.block_size
+    specs = []
+    for task, n, t in settings.cells():
+        for mode in ("block-reinit", "block-preserve"):
+            for start in range(1, num_layers - size + 2):
+                block = range(start, start + size)
+                layers = block if mode == "block-reinit" else [i for i in range(1, num_layers + 1) if i not in block]
+                labels = {"block_mode": mode, "block_start": start, "block_size": size}
+                specs.append(trial(settings, "localized", task, n, t, settings.reinit(layers), labels))
+    return specs
+
+
+def single_layer(settings: GridSettings, num_layers: int, num_heads: int | None = None) -> list[TrialSpec]:
+    """Exactly one layer reinitialized, each layer in turn (Figure 6)."""
+    layers = settings.layers or tuple(range(1, num_layers + 1))
+    return [
+        trial(settings, "single-layer", task, n, t, settings.reinit([layer]), {"layer": layer})
+        for task, n, t in settings.cells()
+        for layer in layers
+    ]
+
+
+def permutation_seed(settings: GridSettings, index: int) -> int:
+    """The seed of the n-th permutation: the base seed plus n (0 is a valid seed)."""
+    return settings.seed + index
+
+
+def permutation(settings: GridSettings, num_layers: int, num_heads: int | None = None) -> list[TrialSpec]:
+    """All layers pretrained, in a shuffled order (Figure 4, Table 1). The n-th permutation depends only on
+    the base seed and n, so it is the same layer order for every task and size, and results pair across
+    tasks by `permutation_index`. `--trials` trials per permutation; trial index t trains every permutation
+    on the same subset, so within an index only the layer order differs."""
+    specs = []
+    for task, n, t in settings.cells():
+        for index in range(settings.permutations):
+            seed = permutation_seed(settings, index)
+            ablation = Permute.from_seed(seed, num_layers)
+            labels = {"permutation_index": index, "permutation_seed": seed}
+            specs.append(trial(settings, "permutation", task, n, t, ablation, labels))
+    return specs
+
+
+def heads(settings: GridSettings, num_layers: int, num_heads: int | None = None) -> list[TrialSpec]:
+    """One attention head reinitialized, over layer x head, plus the same model with no head reset (layer
+    and head null: the baseline) per task, size and trial."""
+    if num_heads is None:
+        raise ValueError("the heads experiment needs the model's number of attention heads")
+    layers = settings.layers or tuple(range(1, num_layers + 1))
+    head_ids = settings.heads if settings.heads is not None else tuple(range(num_heads))
+    specs = []
+    for task, n, t in settings.cells():
+        specs.append(trial(settings, "heads", task, n, t, settings.reinit([]), {"layer": None, "head": None}))
+        for layer in layers:
+            for head in head_ids:
+                ablation = HeadReinit(layer=layer, head=head, mode=settings.reinit_mode)
+                specs.append(trial(settings, "heads", task, n, t, ablation, {"layer": layer, "head": head}))
+    return specs
+
+
+def sequential(settings: GridSettings, num_layers: int, num_heads: int | None = None) -> list[TrialSpec]:
+    """Finetune on an intermediate task, then on the final task: the final x intermediate matrix, with
+    direct finetuning (no intermediate task; intermediate_task null) on the diagonal."""
+    intermediates = settings.intermediate_tasks or settings.tasks
+    specs = []
+    for task, n, t in settings.cells():
+        for first in dict.fromkeys([task, *intermediates]):
+            specs.append(trial(settings, "sequential", task, n, t, settings.reinit([]),
+                               intermediate_task=None if first == task else first))
+    return specs
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+    build: Callable[..., list[TrialSpec]]  # (settings, num_layers, num_heads) -> the grid
+    # Per preset name, the grid options this experiment's preset sets over the generic preset.
+    presets: dict = dataclasses.field(default_factory=dict)
+
+
+_PAPER_5K = dict(sizes=[5000], skip=frozenset())
+EXPERIMENTS: dict[str, Experiment] = {
+    # k in 0..L at 500/5k/50k (no 50k for CoLA); 50 trials at 500, else 3: the generic paper preset.
+    "incremental": Experiment(incremental),
+    "reinit-lr": Experiment(reinit_lr),
+    "layernorm": Experiment(layernorm, {"paper": dict(_PAPER_5K, trials=["3"])}),
+    "localized": Experiment(localized, {"paper": dict(_PAPER_5K, trials=["10"])}),
+    "single-layer": Experiment(single_layer, {"paper": dict(_PAPER_5K, trials=["3"])}),
+    "permutation": Experiment(permutation, {"paper": dict(_PAPER_5K, trials=["1"], permutations=10),
+                                            "demo": dict(trials=["1"], permutations=4)}),
+    # From the course reports (no grid given there): every layer x head, 5k, 3 trials.
+    "heads": Experiment(heads, {"paper": dict(_PAPER_5K, trials=["3"]),
+                                "demo": dict(trials=["1"], layers=[1, 6], heads=[0, 6])}),
+    # From the course reports: the SST-2/CoLA/QNLI matrix at 5k, 3 trials.
+    "sequential": Experiment(sequential, {"paper": dict(_PAPER_5K, trials=["3"])}),
 }

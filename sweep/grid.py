@@ -26,11 +26,21 @@ class TrialSpec:
     weight_decay: float
     lr_schedule: str
     k: int | None = None  # incremental experiments: layers 1..k kept
+    # Fields added after the first sweeps ran: they join a trial's identity only when set, so the ids of
+    # trials that do not use them stay what they were.
+    lr_multiplier: float | None = None  # reinit-lr: the reinitialized layers' lr over the base lr
+    intermediate_task: str | None = None  # sequential: finetuned on this task before `task`
+    labels: tuple[tuple[str, object], ...] = ()  # the experiment's own row columns (block_mode, head, ...)
 
     def identity(self) -> dict:
         """Every field that changes what the trial computes; two specs with the same identity are the same
         trial, so a rerun can recognise it as done."""
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "ablation"}
+        for name in OPTIONAL_IDENTITY:
+            if fields[name] in (None, ()):
+                del fields[name]
+        if "labels" in fields:
+            fields["labels"] = {key: list(v) if isinstance(v, tuple) else v for key, v in self.labels}
         return {**fields, "ablation": ablation_to_dict(self.ablation)}
 
     @property
@@ -41,8 +51,7 @@ class TrialSpec:
 
     def row(self) -> dict:
         """The identity columns of this trial's Parquet row."""
-        ablation = self.ablation
-        return {
+        row = {
             "trial_id": self.trial_id,
             "experiment": self.experiment,
             "task": self.task,
@@ -53,10 +62,7 @@ class TrialSpec:
             "subset_seed": self.subset_seed,
             "seed": self.seed,
             "k": self.k,
-            "reinit_layers": list(ablation.layers),
-            "reinit_mode": ablation.mode,
-            "keep_layernorm": ablation.keep_layernorm,
-            "reinit_pooler": ablation.reinit_pooler,
+            **self.ablation.columns(),  # reinit_layers, reinit_mode, keep_layernorm, reinit_pooler, ...
             "epochs": self.epochs,
             "lr": self.lr,
             "batch_size": self.batch_size,
@@ -64,11 +70,20 @@ class TrialSpec:
             "weight_decay": self.weight_decay,
             "lr_schedule": self.lr_schedule,
         }
+        if self.lr_multiplier is not None:
+            row["lr_multiplier"] = self.lr_multiplier
+        if self.experiment == "sequential":
+            row["intermediate_task"] = self.intermediate_task
+        row.update((key, list(v) if isinstance(v, tuple) else v) for key, v in self.labels)
+        return row
 
     def to_config(self) -> dict:
-        return {
+        config = {
             "trial_id": self.trial_id,
             "data_key": data_key(self.task, self.max_length),
+            "intermediate_data_key": (
+                data_key(self.intermediate_task, self.max_length) if self.intermediate_task else None
+            ),
             "model_key": self.model,
             "finetune": {
                 "task": self.task,
@@ -84,6 +99,19 @@ class TrialSpec:
             "ablation": ablation_to_dict(self.ablation),
             "row": self.row(),
         }
+        if self.lr_multiplier is not None:
+            config["finetune"]["lr_multiplier"] = self.lr_multiplier
+        if self.intermediate_task is not None:
+            config["finetune"]["intermediate_task"] = self.intermediate_task
+        return config
+
+    @property
+    def tasks(self) -> tuple[str, ...]:
+        """Every task this trial trains or evaluates on."""
+        return (self.task,) if self.intermediate_task is None else (self.intermediate_task, self.task)
+
+
+OPTIONAL_IDENTITY = ("lr_multiplier", "intermediate_task", "labels")
 
 
 def data_key(task: str, max_length: int) -> str:

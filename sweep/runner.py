@@ -64,7 +64,7 @@ def make_row_writer(folder: Path):
 RESULT_COLUMNS = {
     "status", "metric_name", "dev_metric", "dev_metrics_by_epoch", "train_loss", "lr_last",
     "train_seconds", "eval_seconds", "wall_seconds", "model_flops", "mfu", "peak_flops", "peak_flops_source",
-    "device", "torch_threads",
+    "device", "torch_threads", "weight_distance",
 }  # fmt: skip
 
 

@@ -6,7 +6,7 @@ import torch
 from scipy import stats
 from torch import nn
 
-from trainables.ablations import Reinit, ablation_from_dict, ablation_to_dict, apply_ablation
+from trainables.ablations import HeadReinit, Permute, Reinit, ablation_from_dict, ablation_to_dict, apply_ablation
 from trainables.models import build_classifier, embeddings, layer_stack, load_pretrained, pooler
 
 
@@ -142,3 +142,128 @@ def test_architecture_without_layer_stack_gets_a_clear_error():
     model = GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=100))
     with pytest.raises(ValueError, match="no layer stack we recognise"):
         layer_stack(model)
+
+
+# --- permutation, head and block surgery; optimizer groups; weight distance ----------------------------
+
+
+def layer_state(model, i):
+    """Layer i's (1-based) weights, keyed by their name inside the layer."""
+    return layer_stack(model)[i - 1].state_dict()
+
+
+def pretrained_layer(pretrained, i):
+    prefix = f"encoder.layer.{i - 1}."
+    return {k[len(prefix):]: v for k, v in pretrained.state_dict.items() if k.startswith(prefix)}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 7])
+def test_permuted_layer_i_holds_pretrained_layer_perm_i(pretrained, seed):
+    ablation = Permute.from_seed(seed, 4)
+    assert sorted(ablation.order) == [1, 2, 3, 4]
+    model = surgery(pretrained, ablation)
+    for i, source in enumerate(ablation.order, start=1):
+        expected = pretrained_layer(pretrained, source)
+        got = layer_state(model, i)
+        assert got.keys() == expected.keys()
+        assert all(torch.equal(got[k], expected[k]) for k in got), (i, source)
+    for name, value in model.base_model.state_dict().items():
+        if not name.startswith("encoder.layer."):
+            assert torch.equal(value, pretrained.state_dict[name]), name
+
+
+def test_permutation_seeds_zero_included_any_depth():
+    assert Permute.from_seed(0, 12) == Permute.from_seed(0, 12)  # seed 0 is a seed like any other
+    orders = {Permute.from_seed(s, 12).order for s in range(10)}
+    assert len(orders) == 10
+    for depth in (1, 2, 5, 24):
+        assert sorted(Permute.from_seed(3, depth).order) == list(range(1, depth + 1))
+    with pytest.raises(ValueError, match="not an ordering of layers 1..3"):
+        Permute(order=(1, 1, 3))
+
+
+def test_permutation_of_wrong_depth_is_refused(pretrained):
+    with pytest.raises(ValueError, match="has 3 layers; this model has 4"):
+        surgery(pretrained, Permute(order=(3, 1, 2)))
+
+
+def test_head_reinit_changes_only_that_heads_slices(pretrained):
+    layer, head = 2, 1
+    model = surgery(pretrained, HeadReinit(layer=layer, head=head))
+    width = 64 // 4
+    rows = slice(head * width, (head + 1) * width)
+    changed = set()
+    for name, value in model.base_model.state_dict().items():
+        before = pretrained.state_dict[name]
+        if torch.equal(value, before):
+            continue
+        diff = (value != before)
+        changed.add(name)
+        prefix = f"encoder.layer.{layer - 1}.attention."
+        if name in {f"{prefix}self.{p}.{w}" for p in ("query", "key", "value") for w in ("weight", "bias")}:
+            assert diff[rows].all() and not torch.cat([diff[: rows.start], diff[rows.stop:]]).any(), name
+        elif name == f"{prefix}output.dense.weight":
+            assert diff[:, rows].all() and not diff[:, : rows.start].any() and not diff[:, rows.stop:].any()
+        else:
+            raise AssertionError(f"{name} changed although it is not part of head {head} of layer {layer}")
+    assert len(changed) == 7  # q, k, v weights and biases, the output projection's weight columns
+    fresh = layer_stack(model)[layer - 1].attention.self.query.weight[rows]
+    assert fresh.abs().max() < 0.04
+
+
+def test_head_reinit_refuses_a_head_the_model_does_not_have(pretrained):
+    with pytest.raises(ValueError, match=r"head 4 is outside 0..3"):
+        surgery(pretrained, HeadReinit(layer=1, head=4))
+
+
+def test_block_preserve_keeps_exactly_the_block(pretrained):
+    from sweep.experiments import GridSettings, localized
+
+    settings = GridSettings(model="m", tasks=("synthetic",), sizes=(16,), trials=((0, 1),), block_size=2)
+    specs = localized(settings, num_layers=4)
+    assert {(s.row()["block_mode"], s.row()["block_start"]) for s in specs} == {
+        (m, b) for m in ("block-reinit", "block-preserve") for b in (1, 2, 3)}
+    for spec in specs:
+        row = spec.row()
+        block = set(range(row["block_start"], row["block_start"] + 2))
+        model = surgery(pretrained, spec.ablation)
+        for i in range(1, 5):
+            got, expected = layer_state(model, i), pretrained_layer(pretrained, i)
+            kept = all(torch.equal(got[k], expected[k]) for k in got)
+            assert kept == ((i in block) == (row["block_mode"] == "block-preserve")), (row, i)
+
+
+def test_new_ablations_round_trip_through_a_dict():
+    for ablation in (Permute(order=(2, 1, 3)), HeadReinit(layer=3, head=2, mode="paper-code"),
+                     Reinit(layers=(1,), keep_layernorm=True)):
+        assert ablation_from_dict(ablation_to_dict(ablation)) == ablation
+
+
+def test_param_groups_hold_every_parameter_once_with_the_multiplier(pretrained):
+    from trainables.finetune import param_groups
+
+    model = surgery(pretrained, Reinit(layers=(3, 4)))
+    groups = param_groups(model, (3, 4), lr=2e-5, multiplier=5.0)
+    ids = [id(p) for g in groups for p in g["params"]]
+    assert len(ids) == len(set(ids)), "a parameter appears in two groups"
+    assert set(ids) == {id(p) for p in model.parameters()}, "every parameter must be optimized"
+    by_name = {g["name"]: g for g in groups}
+    assert by_name["reinit"]["lr"] == pytest.approx(2e-5 * 5.0) and by_name["base"]["lr"] == 2e-5
+    stack = layer_stack(model)
+    assert {id(p) for p in by_name["reinit"]["params"]} == {
+        id(p) for i in (2, 3) for p in stack[i].parameters()}
+    # The last layer is in its group too (the original code dropped it from both optimizers).
+    assert all(id(p) in ids for p in stack[-1].parameters())
+
+
+def test_weight_distance_is_zero_without_change_and_per_layer(pretrained):
+    from trainables.finetune import layer_weights, weight_distance
+
+    model = surgery(pretrained, Reinit())
+    start = layer_weights(model)
+    assert weight_distance(start, model) == [0.0] * 4
+    with torch.no_grad():
+        layer_stack(model)[1].intermediate.dense.weight.add_(1.0)
+    distance = weight_distance(start, model)
+    size = layer_stack(model)[1].intermediate.dense.weight.numel()
+    assert distance[1] == pytest.approx(size ** 0.5) and distance[0] == distance[2] == distance[3] == 0.0

@@ -1,8 +1,9 @@
 """Ablations: small immutable values, and the one function that applies each to a model.
 
 Layers are numbered as in the paper: 1..L from the bottom, so "keep layers 1..k" reads the same in code,
-in the Parquet rows and in the figures. Adding an ablation means adding a frozen dataclass and registering
-its `apply_ablation` case here; the trainable never needs to know which one it got.
+in the Parquet rows and in the figures; attention heads are numbered 0..H-1. Adding an ablation means adding
+a frozen dataclass (with a `columns()` method: what it contributes to a trial's row), registering its
+`apply_ablation` case and naming it in ABLATIONS, all here; the trainable never needs to know which one it got.
 """
 from __future__ import annotations
 
@@ -47,6 +48,57 @@ class Reinit:
         if not 0 <= k <= num_layers:
             raise ValueError(f"k={k} is outside 0..{num_layers} for a model with {num_layers} layers")
         return cls(layers=tuple(range(k + 1, num_layers + 1)), **options)
+
+    def columns(self) -> dict:
+        return {"reinit_layers": list(self.layers), "reinit_mode": self.mode,
+                "keep_layernorm": self.keep_layernorm, "reinit_pooler": self.reinit_pooler}
+
+
+@dataclasses.dataclass(frozen=True)
+class Permute:
+    """Every layer pretrained, in a shuffled order: the permuted model's layer i (1-based) holds pretrained
+    layer order[i-1] (values 1-based too). Embeddings, pooler and head stay where they are."""
+
+    order: tuple[int, ...]
+
+    def __post_init__(self):
+        object.__setattr__(self, "order", tuple(int(i) for i in self.order))
+        if sorted(self.order) != list(range(1, len(self.order) + 1)):
+            raise ValueError(f"permutation {list(self.order)} is not an ordering of layers 1..{len(self.order)}")
+
+    @classmethod
+    def from_seed(cls, permutation_seed: int, num_layers: int) -> "Permute":
+        """The layer order a seed gives; any non-negative seed (0 included) and any layer count."""
+        if permutation_seed < 0:
+            raise ValueError(f"permutation_seed {permutation_seed} must be non-negative")
+        rng = np.random.default_rng(np.random.SeedSequence([int(permutation_seed), PERMUTATION_STREAM]))
+        return cls(order=tuple(int(i) + 1 for i in rng.permutation(num_layers)))
+
+    def columns(self) -> dict:
+        return {"reinit_layers": [], "reinit_mode": None, "keep_layernorm": False, "reinit_pooler": False,
+                "permutation": list(self.order)}
+
+
+PERMUTATION_STREAM = 0x5E12  # keeps permutation draws apart from every other use of the same integer seed
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadReinit:
+    """Reinitialize one attention head (0-based `head`) of one layer (1-based `layer`): the head's rows of
+    the query, key and value projections (weights and, in intended mode, biases) and the matching input
+    columns of the attention output projection. Everything else, that projection's bias included, is kept.
+    mode "paper-code" draws as the original code did (weights only, its ~43x too small truncation)."""
+
+    layer: int
+    head: int
+    mode: str = "intended"
+
+    def __post_init__(self):
+        if self.mode not in REINIT_MODES:
+            raise ValueError(f"reinit_mode '{self.mode}' is not one of {', '.join(REINIT_MODES)}")
+
+    def columns(self) -> dict:
+        return {"reinit_layers": [], "reinit_mode": self.mode, "keep_layernorm": False, "reinit_pooler": False}
 
 
 def layer_generator(seed: int, layer: int) -> torch.Generator:
@@ -97,8 +149,70 @@ def _(ablation: Reinit, model: nn.Module, seed: int) -> nn.Module:
     return model
 
 
+@apply_ablation.register
+def _(ablation: Permute, model: nn.Module, seed: int) -> nn.Module:
+    stack = layer_stack(model)
+    if len(ablation.order) != len(stack):
+        raise ValueError(f"permutation {list(ablation.order)} has {len(ablation.order)} layers; "
+                         f"this model has {len(stack)}")
+    layers = list(stack)
+    for i, source in enumerate(ablation.order):
+        stack[i] = layers[source - 1]
+    for i, layer in enumerate(stack):  # layers that know their index (cache bookkeeping) learn the new one
+        attention = getattr(getattr(layer, "attention", None), "self", None)
+        if attention is not None and hasattr(attention, "layer_idx"):
+            attention.layer_idx = i
+    return model
+
+
+def attention_projections(layer: nn.Module) -> tuple[nn.Linear, nn.Linear, nn.Linear, nn.Linear]:
+    """(query, key, value, output) projections of a BERT-family layer (BERT/RoBERTa/ELECTRA or DistilBERT)."""
+    attention = getattr(layer, "attention", None)
+    inner = getattr(attention, "self", None)
+    if inner is not None and hasattr(inner, "query"):
+        return inner.query, inner.key, inner.value, attention.output.dense
+    if attention is not None and hasattr(attention, "q_lin"):
+        return attention.q_lin, attention.k_lin, attention.v_lin, attention.out_lin
+    raise ValueError(f"layer of type {type(layer).__name__} has no attention projections we recognise "
+                     "(attention.self.query/key/value + attention.output.dense, or q_lin/k_lin/v_lin/out_lin)")
+
+
+def num_attention_heads(model: nn.Module) -> int:
+    return int(model.config.num_attention_heads if hasattr(model.config, "num_attention_heads")
+               else model.config.n_heads)
+
+
+@apply_ablation.register
+def _(ablation: HeadReinit, model: nn.Module, seed: int) -> nn.Module:
+    stack = layer_stack(model)
+    heads = num_attention_heads(model)
+    if not 1 <= ablation.layer <= len(stack):
+        raise ValueError(f"head reinit layer {ablation.layer} is outside 1..{len(stack)} for this model")
+    if not 0 <= ablation.head < heads:
+        raise ValueError(f"head {ablation.head} is outside 0..{heads - 1} (this model has {heads} heads per layer)")
+    query, key, value, output = attention_projections(stack[ablation.layer - 1])
+    width = query.out_features // heads
+    rows = slice(ablation.head * width, (ablation.head + 1) * width)
+    bound = INIT_BOUND if ablation.mode == "intended" else INIT_BOUND * INIT_STD
+    generator = layer_generator(seed, 1000 * ablation.layer + ablation.head)
+    draw = lambda t: nn.init.trunc_normal_(t, mean=0.0, std=INIT_STD, a=-bound, b=bound, generator=generator)  # noqa: E731
+    with torch.no_grad():
+        for linear in (query, key, value):
+            fresh = draw(torch.empty_like(linear.weight[rows]))
+            linear.weight[rows] = fresh
+            if ablation.mode == "intended" and linear.bias is not None:
+                linear.bias[rows] = draw(torch.empty_like(linear.bias[rows]))
+        output.weight[:, rows] = draw(torch.empty_like(output.weight[:, rows]))
+    return model
+
+
+def reinitialized_layers(ablation) -> tuple[int, ...]:
+    """The layers (1-based) an ablation replaced with fresh weights: those a learning-rate multiplier scales."""
+    return tuple(ablation.columns()["reinit_layers"])
+
+
 # The ablations a trial config may name; the dict form is what travels in Ray configs and Parquet rows.
-ABLATIONS = {"reinit": Reinit}
+ABLATIONS = {"reinit": Reinit, "permute": Permute, "head": HeadReinit}
 
 
 def ablation_to_dict(ablation) -> dict:

@@ -1,8 +1,10 @@
 """Finetuning one (partially reinitialized) model on one task subset: a plain function, no Ray.
 
-The loop reads top to bottom: build the model from the shared pretrained weights, apply the ablation, train
-for a few epochs on the subset, evaluate on the full validation split after every epoch, and hand each
-epoch's figures to `report`. Ray Tune only wraps it (trainables.tune_trainable).
+The loop reads top to bottom: build the model from the shared pretrained weights, apply the ablation,
+optionally finetune on an intermediate task first (sequential finetuning), train for a few epochs on the
+subset, evaluate on the full validation split after every epoch, and hand each epoch's figures to `report`.
+The last report also says how far each layer's weights moved from where finetuning started (after the
+surgery). Ray Tune only wraps it (trainables.tune_trainable).
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from trainables.ablations import Reinit, apply_ablation
+from trainables.ablations import Reinit, apply_ablation, reinitialized_layers
 from trainables.cost import non_embedding_params, peak_flops, sequence_flops
 from trainables.data import TokenizedTask, collate, draw_subset, eval_batches, train_batches
 from trainables.metrics import compute_metrics
@@ -36,7 +38,9 @@ class FinetuneConfig:
     train_size: int
     subset_seed: int
     seed: int  # classifier head, dropout, batch order and reinitialized weights
-    ablation: Reinit = Reinit()
+    ablation: Reinit = Reinit()  # any ablation value of trainables.ablations
+    lr_multiplier: float = 1.0  # the reinitialized layers' learning rate over every other parameter's
+    intermediate_task: str | None = None  # sequential finetuning: train on this task first
     epochs: int | None = None  # None: default_epochs(train_size)
     lr: float = 2e-5
     batch_size: int = 8
@@ -51,6 +55,34 @@ class FinetuneConfig:
             object.__setattr__(self, "epochs", default_epochs(self.train_size))
         if self.lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"lr_schedule '{self.lr_schedule}' is not one of {', '.join(LR_SCHEDULES)}")
+        if not self.lr_multiplier > 0:
+            raise ValueError(f"lr_multiplier {self.lr_multiplier} must be positive")
+
+
+def param_groups(model: torch.nn.Module, reinit_layers, lr: float, multiplier: float) -> list[dict]:
+    """Optimizer groups: the reinitialized layers' parameters at lr * multiplier, every other parameter at lr.
+    Every parameter of the model is in exactly one group (the original code left one layer out)."""
+    stack = layer_stack(model)
+    fast = {id(p) for i in reinit_layers for p in stack[i - 1].parameters()}
+    groups = [
+        {"name": "base", "params": [p for p in model.parameters() if id(p) not in fast], "lr": lr},
+        {"name": "reinit", "params": [p for p in model.parameters() if id(p) in fast], "lr": lr * multiplier},
+    ]
+    return [g for g in groups if g["params"]]
+
+
+def layer_weights(model: torch.nn.Module) -> list[list[torch.Tensor]]:
+    """A copy of every nn.Linear weight of each layer, layers 1..L in order."""
+    return [[m.weight.detach().clone() for m in layer.modules() if isinstance(m, torch.nn.Linear)]
+            for layer in layer_stack(model)]
+
+
+def weight_distance(start: list[list[torch.Tensor]], model: torch.nn.Module) -> list[float]:
+    """Per layer, the Frobenius distance between its nn.Linear weights now and at `start` (all of a layer's
+    linear weights taken together: the square root of the summed squared differences)."""
+    now = layer_weights(model)
+    return [float(torch.sqrt(sum(((a.float() - b.float().to(a.device)) ** 2).sum() for a, b in zip(then, here))))
+            for then, here in zip(start, now)]
 
 
 def pick_device(gpu_fraction: float) -> torch.device:
@@ -77,13 +109,46 @@ def evaluate(model, split, metric_task: str, batch_size: int, device, pad_id: in
     return compute_metrics(metric_task, predictions, split.labels)
 
 
+def make_optimizer(model, cfg: FinetuneConfig, rows: np.ndarray):
+    """AdamW over every parameter (reinitialized layers at lr * lr_multiplier) and its lr schedule."""
+    total_steps = math.ceil(len(rows) / cfg.batch_size) * cfg.epochs
+    groups = param_groups(model, reinitialized_layers(cfg.ablation), cfg.lr, cfg.lr_multiplier)
+    optimizer = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=True)
+    schedule = (lambda s: 1.0 - s / total_steps) if cfg.lr_schedule == "linear" else (lambda s: 1.0)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+
+
+def train_epoch(model, data: TokenizedTask, rows, cfg, optimizer, scheduler, rng, device, autocast, pad_id, shape):
+    """One pass over the subset in a seeded batch order; returns (mean training loss, model FLOPs)."""
+    model.train()
+    losses, flops = [], 0.0
+    for batch_rows in train_batches(rows, cfg.batch_size, rng):
+        batch = {k: v.to(device, non_blocking=True) for k, v in collate(data.train, batch_rows, pad_id).items()}
+        labels = batch.pop("labels")
+        with autocast():
+            logits = model(**batch).logits.float()
+        if data.num_labels == 1:
+            loss = F.mse_loss(logits.squeeze(-1), labels.float())
+        else:
+            loss = F.cross_entropy(logits, labels)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        losses.append(loss.detach())
+        flops += sequence_flops(data.train.lengths[batch_rows], *shape, train=True)
+    return float(torch.stack(losses).mean()), flops
+
+
 def finetune(
     cfg: FinetuneConfig,
     data: TokenizedTask,
     pretrained: Pretrained,
     report: Callable[[dict], None] | None = None,
+    intermediate: TokenizedTask | None = None,
 ) -> dict:
-    """Finetune and evaluate; returns the last epoch's figures (the same dict last passed to `report`)."""
+    """Finetune and evaluate; returns the last epoch's figures (the same dict last passed to `report`).
+    `intermediate` is the tokenized intermediate task when `cfg.intermediate_task` is set."""
     started = time.perf_counter()
     torch.set_num_threads(max(1, cfg.threads))
     device = pick_device(cfg.gpu_fraction)
@@ -91,47 +156,48 @@ def finetune(
 
     model = build_classifier(pretrained, data.num_labels, cfg.seed)
     apply_ablation(cfg.ablation, model, cfg.seed)
-    model.to(device)
+    start_weights = layer_weights(model)  # weight change is measured from here: after the surgery
     pad_id = int(pretrained.config.pad_token_id or 0)
+    n_params = non_embedding_params(model)
+    num_layers, hidden = len(layer_stack(model)), int(pretrained.config.hidden_size)
+    flops = train_seconds = eval_seconds = 0.0
+
+    if cfg.intermediate_task is not None:
+        # Sequential finetuning: the whole recipe on the intermediate task (its own subset of the same size,
+        # its own head), then its encoder goes on under a fresh head for the final task.
+        if intermediate is None or intermediate.task != cfg.intermediate_task:
+            raise ValueError(f"intermediate_task '{cfg.intermediate_task}' needs its tokenized data")
+        first = build_classifier(pretrained, intermediate.num_labels, cfg.seed)
+        first.base_model.load_state_dict(model.base_model.state_dict())
+        first.to(device)
+        first_rows = draw_subset(len(intermediate.train), cfg.train_size, cfg.subset_seed)
+        optimizer, scheduler = make_optimizer(first, cfg, first_rows)
+        rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 2]))
+        torch.manual_seed(cfg.seed)
+        tick = time.perf_counter()
+        for _ in range(cfg.epochs):
+            _, epoch_flops = train_epoch(first, intermediate, first_rows, cfg, optimizer, scheduler, rng, device,
+                                         autocast, pad_id, (n_params, num_layers, hidden))
+            flops += epoch_flops
+        train_seconds += time.perf_counter() - tick  # the intermediate task's training counts as training
+        model.base_model.load_state_dict(first.base_model.state_dict())
+        del first, optimizer, scheduler
+    model.to(device)
 
     rows = draw_subset(len(data.train), cfg.train_size, cfg.subset_seed)
     rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 1]))  # batch order, independent of the subset
-    steps_per_epoch = math.ceil(len(rows) / cfg.batch_size)
-    total_steps = steps_per_epoch * cfg.epochs
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=True
-    )
-    schedule = (lambda s: 1.0 - s / total_steps) if cfg.lr_schedule == "linear" else (lambda s: 1.0)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    optimizer, scheduler = make_optimizer(model, cfg, rows)
 
-    n_params = non_embedding_params(model)
-    num_layers, hidden = len(layer_stack(model)), int(pretrained.config.hidden_size)
     peak, peak_source = peak_flops(str(device))
-    train_seconds = eval_seconds = flops = 0.0
     by_epoch: list[float] = []
     result: dict = {}
     status = "ok"
     torch.manual_seed(cfg.seed)  # dropout draws from the global stream: start it at the same place every run
     for epoch in range(1, cfg.epochs + 1):
-        model.train()
         tick = time.perf_counter()
-        losses = []
-        for batch_rows in train_batches(rows, cfg.batch_size, rng):
-            batch = {k: v.to(device, non_blocking=True) for k, v in collate(data.train, batch_rows, pad_id).items()}
-            labels = batch.pop("labels")
-            with autocast():
-                logits = model(**batch).logits.float()
-            if data.num_labels == 1:
-                loss = F.mse_loss(logits.squeeze(-1), labels.float())
-            else:
-                loss = F.cross_entropy(logits, labels)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            scheduler.step()
-            losses.append(loss.detach())
-            flops += sequence_flops(data.train.lengths[batch_rows], n_params, num_layers, hidden, train=True)
-        train_loss = float(torch.stack(losses).mean())
+        train_loss, epoch_flops = train_epoch(model, data, rows, cfg, optimizer, scheduler, rng, device, autocast,
+                                              pad_id, (n_params, num_layers, hidden))
+        flops += epoch_flops
         if device.type == "cuda":
             torch.cuda.synchronize()
         train_seconds += time.perf_counter() - tick
@@ -166,6 +232,8 @@ def finetune(
             "torch_threads": torch.get_num_threads(),
             "pid": os.getpid(),
         }
+        if epoch == cfg.epochs or status != "ok":
+            result["weight_distance"] = weight_distance(start_weights, model)
         if report is not None:
             report(result)
         if status != "ok":

@@ -23,4 +23,6 @@ def finetune_trainable(config: dict, data: dict, pretrained: dict) -> None:
     trial = config["trial"]
     resources = tune.get_context().get_trial_resources().required_resources
     cfg = finetune_config(trial, gpu_fraction=resources.get("GPU", 0.0), threads=int(resources.get("CPU", 1)))
-    finetune(cfg, data[trial["data_key"]], pretrained[trial["model_key"]], report=tune.report)
+    intermediate = data[trial["intermediate_data_key"]] if trial.get("intermediate_data_key") else None
+    finetune(cfg, data[trial["data_key"]], pretrained[trial["model_key"]], report=tune.report,
+             intermediate=intermediate)

@@ -1,0 +1,181 @@
+"""Every experiment of issue 3: paper grid counts, clear refusals, ids, and each one as a real Ray sweep on a
+tiny model writing correct rows."""
+from __future__ import annotations
+
+import pytest
+
+from analysis.results import read_results
+from sweep.cli import main
+from sweep.experiments import EXPERIMENTS, GridSettings, heads, incremental, permutation, reinit_lr, sequential
+
+# The paper's grids (REFERENCE.md; heads and sequential: our preset for the course reports' experiments).
+PAPER_COUNTS = {
+    "incremental": "total: 2,145 trials",  # 3 tasks x 13 k x (50 at 500, 3 at 5k, 3 at 50k without CoLA)
+    "reinit-lr": "total: 2,145 trials",  # the incremental grid
+    "layernorm": "total: 117 trials",  # 3 tasks x 13 k x 3 trials at 5k
+    "localized": "total: 600 trials",  # 3 tasks x 2 modes x 10 block starts x 10 trials at 5k
+    "single-layer": "total: 108 trials",  # 3 tasks x 12 layers x 3 trials at 5k
+    "permutation": "total: 30 trials",  # 3 tasks x 10 permutations at 5k
+    "heads": "total: 1,305 trials",  # 3 tasks x (12 layers x 12 heads + the no-reset baseline) x 3 trials
+    "sequential": "total: 27 trials",  # 3 final x 3 intermediate (diagonal: direct) x 3 trials at 5k
+}
+
+
+def test_every_experiment_has_a_paper_count():
+    assert set(PAPER_COUNTS) == set(EXPERIMENTS)
+
+
+@pytest.mark.parametrize("experiment", sorted(PAPER_COUNTS))
+def test_paper_dry_run_prints_the_papers_trial_count(experiment, capsys):
+    assert main([experiment, "--preset", "paper", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "bert-base-uncased (12 layers)" in out and PAPER_COUNTS[experiment] in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["localized", "--block-size", "5"], "--block-size: 5 is outside 1..4"),
+    (["heads", "--heads", "4"], "--heads: 4 is outside 0..3"),
+    (["single-layer", "--layers", "0"], "--layers: 0 is outside 1..4"),
+    (["incremental", "--fractions", "0"], "--fractions: 0.0 is outside (0, 1]"),
+    (["incremental", "--fractions", "1.5"], "--fractions: 1.5 is outside (0, 1]"),
+    (["permutation", "--permutations", "0"], "--permutations: 0 must be at least 1"),
+    (["reinit-lr", "--lr-multiplier", "-1"], "--lr-multiplier: -1.0 must be positive"),
+    (["sequential", "--intermediate-tasks", "nope"], "--intermediate-tasks: unknown task 'nope'"),
+])
+def test_bad_experiment_options_are_refused_before_any_work(tiny_bert, tmp_path, capsys, argv, message):
+    code = main([*argv, "--model", tiny_bert, "--tasks", "synthetic", "--storage", str(tmp_path)])
+    assert code == 2 and message in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+
+
+def settings(**options):
+    base = dict(model="m", tasks=("sst2", "cola"), sizes=(100,), trials=((0, 2),))
+    return GridSettings(**{**base, **options})
+
+
+def test_incremental_ids_are_unchanged_by_the_new_fields():
+    # Computed with the code before issue 3: a widened schema must not make done trials look new.
+    s = GridSettings(model="bert-base-uncased", tasks=("sst2",), sizes=(500,), trials=((0, 2),), k=(0, 12))
+    assert [x.trial_id for x in incremental(s, 12)] == [
+        "incremental-sst2-n500-k0-t0-87c4359470", "incremental-sst2-n500-k12-t0-35eb403b09",
+        "incremental-sst2-n500-k0-t1-89027e0800", "incremental-sst2-n500-k12-t1-e110d78bb8"]
+
+
+@pytest.mark.parametrize("experiment", sorted(EXPERIMENTS))
+def test_grid_ids_are_unique_and_deterministic(experiment):
+    build = EXPERIMENTS[experiment].build
+    first, again = build(settings(), 4, 4), build(settings(), 4, 4)
+    assert len({s.trial_id for s in first}) == len(first)
+    assert [s.trial_id for s in first] == [s.trial_id for s in again]
+
+
+def test_identity_includes_every_new_field_that_changes_the_computation():
+    ids = lambda specs: {s.trial_id for s in specs}  # noqa: E731
+    assert not ids(reinit_lr(settings(lr_multiplier=5.0), 4)) & ids(reinit_lr(settings(lr_multiplier=2.0), 4))
+    assert not ids(permutation(settings(seed=0), 4)) & ids(permutation(settings(seed=1), 4))
+    seq = sequential(settings(), 4)
+    assert len(ids(seq)) == len(seq) == 2 * 2 * 2
+    assert {(s.task, s.intermediate_task) for s in seq} == {("sst2", None), ("sst2", "cola"), ("cola", "sst2"),
+                                                          ("cola", None)}
+
+
+def test_the_nth_permutation_is_the_same_for_every_task_and_size():
+    specs = permutation(settings(sizes=(100, 500), permutations=5), 12)
+    by_index = {}
+    for spec in specs:
+        row = spec.row()
+        by_index.setdefault(row["permutation_index"], set()).add(tuple(row["permutation"]))
+        assert row["permutation_seed"] == row["permutation_index"]  # base seed 0 + n; seed 0 is used
+    assert sorted(by_index) == [0, 1, 2, 3, 4]
+    assert all(len(orders) == 1 for orders in by_index.values())
+    assert len({next(iter(o)) for o in by_index.values()}) == 5
+
+
+def test_heads_grid_has_a_baseline_and_every_layer_head():
+    specs = heads(settings(tasks=("sst2",), trials=((0, 1),)), 2, 3)
+    cells = [(s.row()["layer"], s.row()["head"]) for s in specs]
+    assert cells == [(None, None)] + [(layer, head) for layer in (1, 2) for head in range(3)]
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False)
+    yield ray
+    ray.shutdown()
+
+
+def sweep(ray_local, tiny_bert, tmp_path, experiment, *options, tasks=("synthetic",)):
+    """Run one experiment as a real sweep on the tiny model; its rows."""
+    argv = [experiment, "--model", tiny_bert, "--tasks", *tasks, "--trials", "1", "--epochs", "1",
+            "--storage", str(tmp_path), "--name", experiment, *options]
+    if "--fractions" not in options:
+        argv += ["--sizes", "16"]
+    assert main(argv) == 0
+    rows = read_results(tmp_path / experiment)
+    assert set(rows["status"]) == {"ok"} and rows["trial_id"].is_unique
+    assert (rows["experiment"] == experiment).all()
+    for distance in rows["weight_distance"]:
+        assert len(distance) == 4 and all(d >= 0 for d in distance)
+    return rows
+
+
+def test_localized_sweep(ray_local, tiny_bert, tmp_path):
+    rows = sweep(ray_local, tiny_bert, tmp_path, "localized")  # block size 3 of 4 layers: starts 1 and 2
+    got = {(m, s, tuple(r)) for m, s, r in zip(rows["block_mode"], rows["block_start"], rows["reinit_layers"])}
+    assert got == {("block-reinit", 1, (1, 2, 3)), ("block-reinit", 2, (2, 3, 4)),
+                   ("block-preserve", 1, (4,)), ("block-preserve", 2, (1,))}
+    assert set(rows["block_size"]) == {3}
+
+
+def test_single_layer_sweep(ray_local, tiny_bert, tmp_path):
+    rows = sweep(ray_local, tiny_bert, tmp_path, "single-layer", "--layers", "1", "4")
+    assert sorted(zip(rows["layer"], map(tuple, rows["reinit_layers"]))) == [(1, (1,)), (4, (4,))]
+
+
+def test_permutation_sweep(ray_local, tiny_bert, tmp_path):
+    rows = sweep(ray_local, tiny_bert, tmp_path, "permutation", "--permutations", "2")
+    rows = rows.sort_values("permutation_index")
+    assert list(rows["permutation_index"]) == [0, 1] and list(rows["permutation_seed"]) == [0, 1]
+    from trainables.ablations import Permute
+
+    assert [list(p) for p in rows["permutation"]] == [list(Permute.from_seed(s, 4).order) for s in (0, 1)]
+    assert all(len(r) == 0 for r in rows["reinit_layers"])
+
+
+def test_layernorm_sweep(ray_local, tiny_bert, tmp_path):
+    rows = sweep(ray_local, tiny_bert, tmp_path, "layernorm", "--k", "2")
+    assert list(rows["k"]) == [2] and list(rows["keep_layernorm"]) == [True]
+    assert list(rows["reinit_layers"].iloc[0]) == [3, 4]
+
+
+def test_reinit_lr_sweep(ray_local, tiny_bert, tmp_path):
+    rows = sweep(ray_local, tiny_bert, tmp_path, "reinit-lr", "--k", "2", "--lr-multiplier", "5")
+    assert list(rows["lr_multiplier"]) == [5.0] and list(rows["reinit_layers"].iloc[0]) == [3, 4]
+    moved = list(rows["weight_distance"].iloc[0])
+    assert min(moved[2:]) > max(moved[:2]), "the reinitialized layers, at 5x the rate, move furthest"
+
+
+def test_heads_sweep(ray_local, tiny_bert, tmp_path):
+    rows = sweep(ray_local, tiny_bert, tmp_path, "heads", "--layers", "2", "--heads", "3")
+    cells = sorted(zip(rows["layer"].fillna(-1), rows["head"].fillna(-1)))
+    assert cells == [(-1, -1), (2, 3)]
+
+
+def test_sequential_sweep(ray_local, tiny_bert, glue_dir, tmp_path):
+    rows = sweep(ray_local, tiny_bert, tmp_path, "sequential", "--data-dir", str(glue_dir),
+                 tasks=("synthetic", "sst2"))
+    got = {(t, i if isinstance(i, str) else None) for t, i in zip(rows["task"], rows["intermediate_task"])}
+    assert got == {("synthetic", None), ("synthetic", "sst2"), ("sst2", None), ("sst2", "synthetic")}
+    assert set(rows["metric_name"]) == {"accuracy"}
+    # The final task's dev metric is reported, evaluated on its own validation split.
+    assert rows["dev_metric"].between(0, 1).all()
+    # Weight change runs from before the intermediate task: two rounds of finetuning move further than one.
+    moved = {(t, i if isinstance(i, str) else None): sum(d) for t, i, d in
+             zip(rows["task"], rows["intermediate_task"], rows["weight_distance"])}
+    assert moved[("synthetic", "sst2")] > moved[("synthetic", None)]
+
+
+def test_fractions_sweep(ray_local, tiny_bert, tmp_path):
+    rows = sweep(ray_local, tiny_bert, tmp_path, "incremental", "--k", "4", "--fractions", "0.004")
+    assert list(rows["train_size"]) == [20] and list(rows["train_fraction"]) == [0.004]  # 5000 train examples
