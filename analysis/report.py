@@ -134,7 +134,7 @@ def build_report(results, out, *, latex: bool = False, formats=("png", "pdf"), c
         files = []
         for ext in formats:
             path = out / "figures" / f"{plot.name}.{ext}"
-            plot.figure.savefig(path, dpi=dpi)
+            plot.figure.savefig(path, dpi=dpi, bbox_inches="tight")  # legends below narrow figures stay whole
             files.append(f"figures/{plot.name}.{ext}")
         items.append(Item("figure", plot.name, plot.title or plot.name, files,
                           f"analysis.figures.{plot.function}({load})", plot.caption))
