@@ -271,8 +271,11 @@ def run(todo: list[TrialSpec], settings: GridSettings, args, folder: Path, raw: 
     from trainables.models import load_pretrained
 
     started = time.perf_counter()
-    data = prepare_data(settings, todo, raw)
-    pretrained = {settings.model: load_pretrained(settings.model)}
+    try:
+        data = prepare_data(settings, todo, raw)
+        pretrained = {settings.model: load_pretrained(settings.model)}
+    except (OSError, ValueError) as err:  # a missing split, a malformed file, a model that will not load
+        raise SystemExit(f"cannot start the sweep: {err}") from err
     print(f"data and weights ready in {time.perf_counter() - started:.1f}s; "
           f"watch trials with `tensorboard --logdir {folder.parent}`")
     owns_ray = not ray.is_initialized()

@@ -107,7 +107,7 @@ def test_sweep_on_real_glue_files(ray_local, tiny_bert, glue_dir, tmp_path):
 
 def test_missing_split_is_reported_before_ray_starts(tiny_bert, glue_dir, tmp_path):
     # QNLI's train split is absent from the shared GLUE folder.
-    with pytest.raises(FileNotFoundError, match="qnli"):
+    with pytest.raises(SystemExit, match="cannot start the sweep: task 'qnli' has no train split"):
         main(["incremental", "--model", tiny_bert, "--tasks", "qnli", "--data-dir", str(glue_dir),
               "--sizes", "16", "--trials", "1", "--k", "4", "--storage", str(tmp_path)])
 
