@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
-import os
 import sys
 import time
 from pathlib import Path
@@ -27,8 +26,7 @@ PRESETS = {
 }
 
 # Layer and head counts of the paper's models, so that `--preset paper --dry-run` counts its grid offline.
-KNOWN_LAYER_COUNTS = {"bert-base-uncased": 12, "bert-base-cased": 12, "bert-large-uncased": 24}
-KNOWN_HEAD_COUNTS = {"bert-base-uncased": 12, "bert-base-cased": 12, "bert-large-uncased": 16}
+KNOWN_SHAPES = {"bert-base-uncased": (12, 12), "bert-base-cased": (12, 12), "bert-large-uncased": (24, 16)}
 
 
 def parse_trials(values: list[str]) -> tuple[tuple[int, int], ...]:
@@ -178,22 +176,13 @@ def validate(settings: GridSettings, args, num_layers: int, num_heads: int | Non
     return problems
 
 
-def count_layers(model: str, dry_run: bool) -> int:
-    return model_shape(model, dry_run)[0]
-
-
 def model_shape(model: str, dry_run: bool) -> tuple[int, int]:
     """(layers, attention heads per layer) of a model, from its config."""
     from trainables.models import load_config
 
-    if dry_run and model in KNOWN_LAYER_COUNTS:  # counting needs no download (nor a network timeout)
-        return KNOWN_LAYER_COUNTS[model], KNOWN_HEAD_COUNTS[model]
-    try:
-        config = load_config(model)
-    except OSError:
-        if dry_run and model in KNOWN_LAYER_COUNTS:
-            return KNOWN_LAYER_COUNTS[model], KNOWN_HEAD_COUNTS[model]
-        raise
+    if dry_run and model in KNOWN_SHAPES:  # counting needs no download (nor a network timeout)
+        return KNOWN_SHAPES[model]
+    config = load_config(model)
     heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_heads")
     return int(config.num_hidden_layers), int(heads)
 

@@ -48,3 +48,12 @@ def glue_dir() -> Path:
     if not (GLUE_DIR / "SST-2" / "train.tsv").exists():
         pytest.skip(f"the shared GLUE files are not at {GLUE_DIR}")
     return GLUE_DIR
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    """A local two-CPU Ray for one test module; the sweep reuses it instead of starting its own."""
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False)
+    yield ray
+    ray.shutdown()

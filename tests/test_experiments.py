@@ -97,14 +97,6 @@ def test_heads_grid_has_a_baseline_and_every_layer_head():
     assert cells == [(None, None)] + [(layer, head) for layer in (1, 2) for head in range(3)]
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False)
-    yield ray
-    ray.shutdown()
-
-
 def sweep(ray_local, tiny_bert, tmp_path, experiment, *options, tasks=("synthetic",)):
     """Run one experiment as a real sweep on the tiny model; its rows."""
     argv = [experiment, "--model", tiny_bert, "--tasks", *tasks, "--trials", "1", "--epochs", "1",

@@ -47,14 +47,6 @@ def test_bad_options_are_refused_before_any_work(tiny_bert, tmp_path, capsys):
     assert not any(tmp_path.iterdir()), "nothing may be written before the request is valid"
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False)
-    yield ray
-    ray.shutdown()
-
-
 def test_real_sweep_writes_rows_skips_done_and_runs_only_new_cells(ray_local, tiny_bert, tmp_path):
     argv = ["incremental", "--model", tiny_bert, "--tasks", "synthetic", "--sizes", "24", "--k", "0", "4",
             "--epochs", "2", "--storage", str(tmp_path), "--name", "t"]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import time
 from typing import Callable
 
@@ -230,7 +229,6 @@ def finetune(
             "peak_flops_source": peak_source,
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "torch_threads": torch.get_num_threads(),
-            "pid": os.getpid(),
         }
         if epoch == cfg.epochs or status != "ok":
             result["weight_distance"] = weight_distance(start_weights, model)
