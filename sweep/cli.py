@@ -256,7 +256,6 @@ def main(argv: list[str] | None = None) -> int:
 def run(todo: list[TrialSpec], settings: GridSettings, args, folder: Path, raw: dict | None = None) -> None:
     import ray
 
-    from sweep.runner import run_trials
     from trainables.models import load_pretrained
 
     started = time.perf_counter()
@@ -273,7 +272,7 @@ def run(todo: list[TrialSpec], settings: GridSettings, args, folder: Path, raw: 
         ray.init(address=args.address, include_dashboard=False, configure_logging=False,
                  runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
     try:
-        run_trials(
+        EXPERIMENTS[args.experiment].run_function()(
             todo,
             data=data,
             pretrained=pretrained,
@@ -281,6 +280,7 @@ def run(todo: list[TrialSpec], settings: GridSettings, args, folder: Path, raw: 
             tune_dir=folder.parent,
             cpus_per_trial=args.cpus_per_trial,
             gpus_per_trial=args.gpus_per_trial,
+            options=args,
         )
     finally:
         if owns_ray:

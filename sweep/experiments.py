@@ -208,6 +208,15 @@ class Experiment:
     build: Callable[..., list[TrialSpec]]  # (settings, num_layers, num_heads) -> the grid
     # Per preset name, the grid options this experiment's preset sets over the generic preset.
     presets: dict = dataclasses.field(default_factory=dict)
+    # "module:function" that runs this experiment's specs instead of sweep.runner.run_trials (same keyword
+    # arguments), for experiments whose trials are not one finetuning run each (probing, searches).
+    runner: str | None = None
+
+    def run_function(self) -> Callable:
+        import importlib
+
+        module, _, function = (self.runner or "sweep.runner:run_trials").partition(":")
+        return getattr(importlib.import_module(module), function)
 
 
 _PAPER_5K = dict(sizes=[5000], skip=frozenset())

@@ -115,9 +115,11 @@ def run_trials(
     tune_dir: Path,
     cpus_per_trial: float,
     gpus_per_trial: float,
+    options=None,
     verbose: int = 0,
 ):
-    """Run every spec as a Tune trial; returns the Tune ResultGrid. Rows land in `folder` as trials end."""
+    """Run every spec as a Tune trial; returns the Tune ResultGrid. Rows land in `folder` as trials end.
+    `options` is the parsed command line (None when called from Python), for settings of how to run."""
     from ray import tune
 
     from trainables.tune_trainable import finetune_trainable
