@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from sweep.checks import address_problems, data_dir_problems, gpu_problems, storage_problems
 from sweep.experiments import EXPERIMENTS, GridSettings
 from sweep.grid import TrialSpec, data_key
 from sweep.store import finished_trial_ids, rows_dir
@@ -165,14 +166,17 @@ def validate(settings: GridSettings, args, num_layers: int, num_heads: int | Non
             problems.append(f"--k: {k} is outside 0..{num_layers} for {settings.model} ({num_layers} layers)")
     if settings.epochs is not None and settings.epochs < 1:
         problems.append(f"--epochs: {settings.epochs} must be at least 1")
-    if settings.lr <= 0:
-        problems.append(f"--lr: {settings.lr} must be positive")
+    if not 0 < settings.lr < float("inf"):
+        problems.append(f"--lr: {settings.lr} must be a positive finite number")
     if settings.batch_size < 1:
         problems.append(f"--batch-size: {settings.batch_size} must be at least 1")
-    if not 0 <= args.gpus_per_trial <= 1 and not float(args.gpus_per_trial).is_integer():
-        problems.append(f"--gpus-per-trial: {args.gpus_per_trial} must be a fraction in [0, 1] or a whole number")
+    gpus = args.gpus_per_trial
+    if not (0 <= gpus <= 1 or (gpus > 1 and float(gpus).is_integer())):
+        problems.append(f"--gpus-per-trial: {gpus} must be a share of one GPU in [0, 1] (e.g. 0.25) or a whole "
+                        "number of GPUs")
     if args.cpus_per_trial <= 0:
         problems.append(f"--cpus-per-trial: {args.cpus_per_trial} must be positive")
+    problems += data_dir_problems(settings.data_dir, [*settings.tasks, *(settings.intermediate_tasks or ())])
     return problems
 
 
@@ -224,14 +228,23 @@ def prepare_data(settings: GridSettings, specs: list[TrialSpec], raw: dict | Non
             for task in needed}
 
 
+def refuse(problems: list[str]) -> int:
+    print("cannot start the sweep:\n" + "\n".join(f"  - {p}" for p in problems), file=sys.stderr)
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     settings = settings_from_args(args)
-    num_layers, num_heads = model_shape(settings.model, args.dry_run)
+    try:
+        num_layers, num_heads = model_shape(settings.model, args.dry_run)
+    except (OSError, ValueError) as err:  # no such folder, no safetensors weights, no hub to reach
+        return refuse([f"--model: '{settings.model}' cannot be loaded: {err}"])
     problems = validate(settings, args, num_layers, num_heads)
+    if not args.dry_run:  # a dry run writes nothing and connects to nothing
+        problems += storage_problems(args.storage) + address_problems(args.address)
     if problems:
-        print("cannot start the sweep:\n" + "\n".join(f"  - {p}" for p in problems), file=sys.stderr)
-        return 2
+        return refuse(problems)
     raw = None
     if settings.fractions:  # sizes from fractions need each task's train split size
         raw = load_raw_tasks(settings, dict.fromkeys([*settings.tasks, *(settings.intermediate_tasks or ())]))
@@ -258,20 +271,26 @@ def run(todo: list[TrialSpec], settings: GridSettings, args, folder: Path, raw: 
 
     from trainables.models import load_pretrained
 
-    started = time.perf_counter()
-    try:
-        data = prepare_data(settings, todo, raw)
-        pretrained = {settings.model: load_pretrained(settings.model)}
-    except (OSError, ValueError) as err:  # a missing split, a malformed file, a model that will not load
-        raise SystemExit(f"cannot start the sweep: {err}") from err
-    print(f"data and weights ready in {time.perf_counter() - started:.1f}s; "
-          f"watch trials with `tensorboard --logdir {folder.parent}`")
     owns_ray = not ray.is_initialized()
     if owns_ray:
         # Trials find tasks and weights in the object store, so workers need no path of the driver's.
-        ray.init(address=args.address, include_dashboard=False, configure_logging=False,
-                 runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+        try:
+            ray.init(address=args.address, include_dashboard=False, configure_logging=False,
+                     runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+        except ConnectionError as err:  # `--address auto` with no cluster running
+            raise SystemExit(f"cannot start the sweep:\n  - --address: {err}") from err
     try:
+        problems = gpu_problems(args.gpus_per_trial, ray.cluster_resources())
+        if problems:
+            raise SystemExit("cannot start the sweep:\n" + "\n".join(f"  - {p}" for p in problems))
+        started = time.perf_counter()
+        try:
+            data = prepare_data(settings, todo, raw)
+            pretrained = {settings.model: load_pretrained(settings.model)}
+        except (OSError, ValueError) as err:  # a malformed file, a model that will not load
+            raise SystemExit(f"cannot start the sweep: {err}") from err
+        print(f"data and weights ready in {time.perf_counter() - started:.1f}s; "
+              f"watch trials with `tensorboard --logdir {folder.parent}`")
         EXPERIMENTS[args.experiment].run_function()(
             todo,
             data=data,

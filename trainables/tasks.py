@@ -157,6 +157,8 @@ def read_glue_split(task: Task, data_dir: Path, split: str) -> datasets.Dataset:
     with open(path, encoding="utf-8-sig", newline="") as handle:
         reader = csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE)
         header = next(reader, []) if layout.has_header else None
+        if header == []:
+            raise ValueError(f"{path}: the file is empty; expected a header line, then one example per line")
         positions = [column_position(c, header, path) for c in (*layout.text_columns, layout.label_column)]
         needed = max(max(positions) + 1, -min(positions))
         for fields in reader:
@@ -169,6 +171,8 @@ def read_glue_split(task: Task, data_dir: Path, split: str) -> datasets.Dataset:
             for column, position in zip(texts, positions):
                 column.append(fields[position])
             labels.append(parse_label(fields[positions[-1]], layout.label_ids, path, reader.line_num))
+    if not labels:  # an empty split would only fail later, inside every trial
+        raise ValueError(f"{path}: the file holds no examples" + (" after its header" if header else ""))
     columns = dict(zip(("text_a", "text_b"), texts))
     return datasets.Dataset.from_dict({**columns, "label": labels}, features=split_features(task))
 
