@@ -641,3 +641,47 @@ FIGURES = (
 def all_figures(rows: pd.DataFrame) -> list[Plot]:
     """Every figure the rows support, in paper order."""
     return [plot for make in FIGURES for plot in make(rows)]
+
+
+def probing_figure(rows: pd.DataFrame) -> list[Plot]:
+    """Probing beside finetuning, per model: one panel per task and subset size, the dev metric of each
+    probe at layer j (the frozen model, 0 = embeddings) on the same axis as incremental finetuning with layers
+    1..k kept pretrained, both with 95% t-intervals: what the layers hold against what they transfer."""
+    probes = _drawable(T.probing_table(rows))
+    if probes.empty:
+        return []
+    finetuned = _drawable(T.incremental_table(rows))
+    layers = T.num_layers(rows)
+    models = sorted(probes["model"].unique(), key=str)
+    plots = []
+    for model in models:
+        probe = probes[probes["model"] == model]
+        tuned = finetuned[finetuned["model"] == model] if len(finetuned) else finetuned
+        cells = sorted({(t, int(n)) for t, n in zip(probe["task"], probe["train_size"])},
+                       key=lambda c: (T.task_key(c[0]), c[1]))
+        figure, axes = _panels(len(cells))
+        for ax, (task, size) in zip(axes, cells):
+            here = tuned[(tuned["task"] == task) & (tuned["train_size"] == size)] if len(tuned) else tuned
+            several = len(here) and here["reinit_mode"].nunique() > 1
+            for (mode, _), line in (here.groupby(["reinit_mode", "metric_name"], dropna=False) if len(here) else []):
+                _errorline(ax, line["k"], line, color=SERIES_COLORS[0],
+                           label="finetuned, layers 1..k pretrained" + (f" ({mode})" if several else ""))
+            there = probe[(probe["task"] == task) & (probe["train_size"] == size)]
+            for kind, line in there.groupby("probe", dropna=False):
+                _errorline(ax, line["layer"], line, color=PROBE_COLOR, linestyle=PROBE_STYLES.get(kind, "--"),
+                           marker=".", linewidth=1.3, label=f"probe ({kind}), frozen model at layer k")
+            _task_axes(ax, task, _metric(there) or _metric(here))
+            ax.set_title(f"{T.TASK_NAMES.get(task, task)}, {size:,} examples", fontsize=10)
+            _layer_ticks(ax, 0, layers.get(model, 12))
+            ax.set_xlabel("k: layers kept (finetuned) / layer probed (0 = embeddings)", fontsize=8.5)
+        _legend(figure, axes, columns=2)
+        _title(figure, f"Probing vs finetuning, {_short('model', model)}")
+        both = pd.concat([x for x in (probe, tuned) if len(x)])
+        plots.append(Plot(
+            f"probing-vs-incremental{'-' + slug(model) if len(models) > 1 else ''}", figure,
+            "Probing the frozen model at each layer (orange; 0 = the embeddings output) beside finetuning with "
+            "layers 1..k pretrained and the rest reinitialized (blue), on the same tasks and subset sizes; the "
+            "paper's claim is that the two agree more as data gets scarcer. Error bars: 95% t-intervals (n-1 df)."
+            + _one_trial_note(both) + _missing_note(probe, "layer", "layer") + _excluded_note(both),
+            "probing_figure", f"Probing vs finetuning by layer ({_short('model', model)})"))
+    return plots

@@ -18,6 +18,7 @@ import pandas as pd
 
 from analysis import figures as F
 from analysis import format as fmt
+from analysis import search as S
 from analysis import tables as T
 from analysis.results import prepare, read_results, result_files
 
@@ -61,7 +62,15 @@ TABLES = (
                              "(column) first; the diagonal is direct finetuning."),
     TableSpec("sequential", "Sequential finetuning, per cell", T.sequential_table),
     TableSpec("heads", "One attention head reinitialized", T.heads_table),
-    TableSpec("lr-search", "Per-layer learning-rate multiplier search", T.lr_search_table),
+    TableSpec("lr-search", "Per-layer learning-rate multiplier search: best against baseline, per cell",
+              S.best_table, "plain",
+              note="Best trial by the search's objective (val_objective: examples held out of the training subset) "
+                   "among those that ran every epoch, against the same cell's baseline (every multiplier 1); "
+                   "dev metrics are reported, never used to choose. Multipliers are layers 1..L."),
+    TableSpec("lr-search-importances", "Per-layer learning-rate multiplier search: parameter importances",
+              S.importance_table, "plain",
+              note="optuna.importance.get_param_importances on each cell's completed trials (study rebuilt from "
+                   "the rows): how much each multiplier explains of the validation objective."),
     TableSpec("other", "Other experiments", T.other_table,
               note="Experiments without a dedicated table: the generic per-condition summary."),
 )
@@ -128,9 +137,10 @@ def build_report(results, out, *, latex: bool = False, formats=("png", "pdf"), c
         if latex:
             stem.with_suffix(".tex").write_text(fmt.to_latex(readable, caption=spec.title, label=f"tab:{spec.name}"))
             files.append(f"tables/{spec.name}.tex")
-        items.append(Item("table", spec.name, spec.title, files, f"analysis.tables.{spec.function.__name__}({load})",
+        api = f"{spec.function.__module__}.{spec.function.__name__}({load})"
+        items.append(Item("table", spec.name, spec.title, files, api,
                           spec.note, readable, len(table)))
-    for plot in F.all_figures(rows):
+    for plot in [*F.all_figures(rows), *F.probing_figure(rows)]:  # probing beside finetuning, when probed
         files = []
         for ext in formats:
             path = out / "figures" / f"{plot.name}.{ext}"
@@ -146,14 +156,16 @@ def build_report(results, out, *, latex: bool = False, formats=("png", "pdf"), c
 
 def _header(results, raw: pd.DataFrame, rows: pd.DataFrame) -> list[str]:
     counts = rows["status"].value_counts().to_dict() if len(rows) else {}
+    shown_pruned = ("pruned",) if counts.get("pruned") else ()
     lines = [
         f"Source: `{results}` ({len(result_files(results))} Parquet files, {len(rows)} trials), read "
         f"{datetime.datetime.now().astimezone().strftime('%Y-%m-%d %H:%M %Z')}. A sweep still running adds "
         "rows: run the command again.",
-        "Trials: " + (", ".join(f"{counts.get(s, 0)} {s}" for s in ("ok", "diverged", "error"))
+        "Trials: " + (", ".join(f"{counts.get(s, 0)} {s}" for s in ("ok", "diverged", *shown_pruned, "error"))
                       if counts else "none") + ".",
     ]
-    left = len(rows) - counts.get("ok", 0)
+    pruned = counts.get("pruned", 0)  # lr-multipliers: stopped early by the search's scheduler, not failed
+    left = len(rows) - counts.get("ok", 0) - pruned
     if left:
         lines.append(f"Left out of every mean, interval and figure: {counts.get('diverged', 0)} diverged and "
                      f"{left - counts.get('diverged', 0)} failed trials; each table counts them per condition "

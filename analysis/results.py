@@ -27,6 +27,7 @@ CORE_COLUMNS = ("trial_id", "experiment", "task", "model", "train_size", "trial_
 
 
 def result_files(path) -> list[Path]:
+    """The row files under a local `path` (hidden names, rows still being written, are left out)."""
     path = Path(path)
     if path.is_file():
         return [path]
@@ -35,12 +36,32 @@ def result_files(path) -> list[Path]:
     return sorted(p for p in path.rglob("*.parquet") if not p.name.startswith((".", "_")))
 
 
+def uri_result_files(uri: str):
+    """(file system, row files) under a URI: s3://bucket/prefix, gs://..., file:///... (pyarrow.fs)."""
+    import pyarrow.fs
+
+    fs, root = pyarrow.fs.FileSystem.from_uri(uri)
+    info = fs.get_file_info(root)
+    if info.type == pyarrow.fs.FileType.File:
+        return fs, [root]
+    if info.type != pyarrow.fs.FileType.Directory:
+        raise FileNotFoundError(f"results path '{uri}' does not exist")
+    found = fs.get_file_info(pyarrow.fs.FileSelector(root, recursive=True))
+    return fs, sorted(f.path for f in found if f.is_file and f.base_name.endswith(".parquet")
+                      and not f.base_name.startswith((".", "_")))
+
+
 def read_results(path, columns: list[str] | None = None) -> pd.DataFrame:
     """Every trial row under `path` (a storage folder, one sweep's folder, or a single file).
 
     Rows of different experiments and tasks carry different columns; they are unified, missing ones null.
+    `path` may also be a URI (s3://bucket/prefix/sweep, gs://..., file:///...).
     """
-    tables = [pq.read_table(f) for f in result_files(path)]
+    if "://" in str(path):
+        fs, files = uri_result_files(str(path))
+        tables = [pq.read_table(f, filesystem=fs) for f in files]
+    else:
+        tables = [pq.read_table(f) for f in result_files(path)]
     if not tables:
         return pd.DataFrame(columns=columns or ["trial_id", "status"])
     table = pa.concat_tables(tables, promote_options="permissive")

@@ -368,29 +368,6 @@ def weight_distance_table(rows: pd.DataFrame) -> pd.DataFrame:
     return _sort(summarize(long.reset_index(drop=True), by, value="distance"), by)
 
 
-def lr_search_table(rows: pd.DataFrame) -> pd.DataFrame:
-    """The 'lr-multipliers' search: per cell its per-layer multipliers, dev metric and validation
-    objective, best mean dev metric first within each task."""
-    picked = of(rows, "lr-multipliers")
-    by = ["task", "model", "train_size", "cell", "metric_name"]
-    if picked.empty:
-        return pd.DataFrame(columns=[*by, "multipliers", *SUMMARY_COLUMNS, "mean_val_objective"])
-    by = [c for c in by if c in picked.columns]
-    table = summarize(picked, by)
-    if "multipliers" in picked.columns:
-        text = picked.groupby(by, dropna=False)["multipliers"].first().map(
-            lambda v: " ".join(f"{x:g}" for x in as_list(v))).rename("multipliers").reset_index()
-        table = table.merge(text, on=by, how="left")
-    if "val_objective" in picked.columns:
-        ok = picked[picked["status"] == "ok"]
-        objective = ok.groupby(by, dropna=False)["val_objective"].mean().rename("mean_val_objective").reset_index()
-        table = table.merge(objective, on=by, how="left")
-    table["_task"] = table["task"].map(task_key)
-    table = table.sort_values(["_task", "model", "train_size", "mean"], ascending=[True, True, True, False],
-                              na_position="last").drop(columns="_task")
-    return table.reset_index(drop=True)
-
-
 def other_table(rows: pd.DataFrame) -> pd.DataFrame:
     """Experiments this module has no dedicated table for: the generic per-condition table."""
     if rows.empty or "experiment" not in rows.columns:

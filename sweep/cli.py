@@ -11,7 +11,8 @@ from pathlib import Path
 from sweep.checks import address_problems, data_dir_problems, gpu_problems, storage_problems
 from sweep.experiments import EXPERIMENTS, GridSettings
 from sweep.grid import TrialSpec, data_key
-from sweep.store import finished_trial_ids, rows_dir
+from sweep.runner import CHECKPOINT_EVERY
+from sweep.store import finished_trial_ids, parent, rows_dir
 
 # Each preset fills in whatever the command line leaves unset; "demo" is the embedded offline default.
 PRESETS = {
@@ -64,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "replaces the preset's --sizes unless --sizes is given too")
     grid.add_argument("--k", nargs="+", type=int, help="restrict the kept-layer counts (default 0..L)")
     grid.add_argument("--block-size", type=int, help="localized: consecutive layers per block (default 3)")
-    grid.add_argument("--layers", nargs="+", type=int, help="single-layer, heads: layers 1..L to use (default all)")
+    grid.add_argument("--layers", nargs="+", type=int,
+                      help="single-layer, heads: layers 1..L to use; probing: 0..L (default all)")
     grid.add_argument("--heads", nargs="+", type=int, help="heads: head indices 0..H-1 to reset (default all)")
     grid.add_argument("--permutations", type=int, help="permutation: how many layer orders (default 10)")
     grid.add_argument("--lr-multiplier", type=float,
@@ -82,14 +84,71 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--reinit-mode", choices=["intended", "paper-code"], default="intended",
                        help="intended: the paper's description; paper-code: the original code's quirks")
     train.add_argument("--reinit-pooler", action="store_true", help="also reinitialize the pooler")
+    search = p.add_argument_group("lr-multipliers search (one Optuna study per cell: task x size x k)")
+    search.add_argument("--num-samples", type=int, default=8,
+                        help="trials per cell, the study's budget; the first is every multiplier at 1 (default 8)")
+    search.add_argument("--multiplier-range", nargs=2, type=float, metavar=("LOW", "HIGH"),
+                        help="log-uniform range of each multiplier, must contain 1 (default 0.1 10)")
+    search.add_argument("--group", choices=["layer", "reinit-vs-kept"],
+                        help="layer: one multiplier per encoder layer (default); reinit-vs-kept: two, one for the "
+                             "reinitialized layers and one for the kept ones")
+    search.add_argument("--val-fraction", type=float,
+                        help="share of each training subset held out (never trained on) to measure the search's "
+                             "objective; the dev split is only reported (default 0.2)")
+    from trainables.probing import PROBES
+
+    probe = p.add_argument_group("probing (the frozen model, a probe per layer 0..L; `--layers` picks some)")
+    probe.add_argument("--probes", nargs="+", choices=PROBES,
+                       help="mean-pool: the paper's (mean over real tokens -> linear; default); cls-pooler: the "
+                            "original code's ([CLS] -> frozen pooler -> linear); truncated: the course report's "
+                            "(layers 1..k frozen, pooler + linear trained on top)")
+    probe.add_argument("--patience", type=int, default=5,
+                       help="early stopping: epochs without a better validation loss (default 5)")
+    probe.add_argument("--max-probe-epochs", type=int, default=40, help="epoch limit per probe (default 40, the paper's)")
+    probe.add_argument("--probe-lr", type=float, default=1e-3, help="AdamW learning rate of the probe (default 1e-3)")
+    probe.add_argument("--probe-val-fraction", type=float, default=0.1,
+                       help="share of each training subset held out for early stopping (default 0.1; the dev "
+                            "split is never used for it)")
     run = p.add_argument_group("running")
     run.add_argument("--gpus-per-trial", type=float, default=0.0, help="a GPU share, e.g. 0.25; 0 = CPU")
     run.add_argument("--cpus-per-trial", type=float, default=1.0)
     run.add_argument("--address", help="an existing Ray cluster (or 'auto'); default: start a local one")
-    run.add_argument("--storage", default="./results", help="results folder (default ./results)")
+    run.add_argument("--storage", default="./results",
+                     help="where rows, logs and checkpoints go: a folder (default ./results; on a cluster one every "
+                          "node sees) or a URI: s3://bucket/prefix, gs://bucket/prefix, file:///path")
     run.add_argument("--name", help="sweep name, a folder under --storage (default: the experiment)")
     run.add_argument("--dry-run", action="store_true", help="print the grid and run nothing")
+    run.add_argument("--resume", action="store_true",
+                     help="continue the sweep's interrupted Tune experiment: unfinished trials go on from their "
+                          "last checkpoints (default: finished trials are skipped, unfinished ones start over)")
+    run.add_argument("--checkpoint-every", type=checkpoint_interval, default=CHECKPOINT_EVERY, metavar="SECONDS",
+                     help="checkpoint a trial (model, optimizer, progress) at the first epoch end at least SECONDS "
+                          f"after its last checkpoint; 0: every epoch; off: never (default {CHECKPOINT_EVERY:g})")
+    run.add_argument("--keep-checkpoints", action="store_true",
+                     help="keep a finished trial's checkpoints (default: deleted once its row is written)")
+    run.add_argument("--max-failures", type=failure_count, default=2, metavar="N",
+                     help="times a failed or preempted trial is restarted from its last checkpoint (default 2)")
     return p
+
+
+def checkpoint_interval(value: str) -> float | None:
+    """--checkpoint-every: seconds >= 0, or 'off'."""
+    if value == "off":
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:
+        raise argparse.ArgumentTypeError(f"'{value}' is not a number of seconds >= 0 (0: every epoch) or 'off'")
+    return seconds
+
+
+def failure_count(value: str) -> int:
+    """--max-failures: a whole number >= 0."""
+    if not value.isdigit():
+        raise argparse.ArgumentTypeError(f"'{value}' is not a whole number of restarts >= 0")
+    return int(value)
 
 
 def settings_from_args(args) -> GridSettings:
@@ -124,7 +183,15 @@ def settings_from_args(args) -> GridSettings:
         permutations=pick("permutations") if pick("permutations") is not None else 10,
         lr_multiplier=pick("lr_multiplier") if pick("lr_multiplier") is not None else 5.0,
         intermediate_tasks=optional("intermediate_tasks"),
+        probes=tuple(dict.fromkeys(pick("probes") or ("mean-pool",))),
+        patience=args.patience,
+        max_probe_epochs=args.max_probe_epochs,
+        probe_lr=args.probe_lr,
+        probe_val_fraction=args.probe_val_fraction,
         fractions=tuple(pick("fractions") or ()),
+        multiplier_range=tuple(args.multiplier_range or (0.1, 10.0)),
+        multiplier_group=args.group or "layer",
+        val_fraction=args.val_fraction if args.val_fraction is not None else 0.2,
     )
 
 
@@ -147,9 +214,11 @@ def validate(settings: GridSettings, args, num_layers: int, num_heads: int | Non
     if not 1 <= settings.block_size <= num_layers:
         problems.append(f"--block-size: {settings.block_size} is outside 1..{num_layers} for {settings.model} "
                         f"({num_layers} layers)")
+    lowest = 0 if args.experiment == "probing" else 1  # probing reads layer 0, the embeddings output
     for layer in settings.layers or ():
-        if not 1 <= layer <= num_layers:
-            problems.append(f"--layers: {layer} is outside 1..{num_layers} for {settings.model} ({num_layers} layers)")
+        if not lowest <= layer <= num_layers:
+            problems.append(f"--layers: {layer} is outside {lowest}..{num_layers} for {settings.model} "
+                            f"({num_layers} layers)")
     for head in settings.heads or ():
         if num_heads is not None and not 0 <= head < num_heads:
             problems.append(f"--heads: {head} is outside 0..{num_heads - 1} for {settings.model} "
@@ -176,6 +245,28 @@ def validate(settings: GridSettings, args, num_layers: int, num_heads: int | Non
                         "number of GPUs")
     if args.cpus_per_trial <= 0:
         problems.append(f"--cpus-per-trial: {args.cpus_per_trial} must be positive")
+    low, high = settings.multiplier_range
+    if not 0 < low <= 1 <= high < float("inf"):
+        problems.append(f"--multiplier-range: {low:g} {high:g} must be positive, finite and contain 1 (the "
+                        "baseline every study starts with)")
+    if args.num_samples < 1:
+        problems.append(f"--num-samples: {args.num_samples} must be at least 1")
+    if not 0 < settings.val_fraction < 1:
+        problems.append(f"--val-fraction: {settings.val_fraction} must be in (0, 1)")
+    elif args.experiment == "lr-multipliers" and min(settings.sizes, default=2) < 2:
+        problems.append(f"--sizes: {min(settings.sizes)} leaves nothing to train on beside the held-out part; "
+                        "lr-multipliers needs at least 2 examples")
+    if args.patience < 1:
+        problems.append(f"--patience: {args.patience} must be at least 1 epoch")
+    if args.max_probe_epochs < 1:
+        problems.append(f"--max-probe-epochs: {args.max_probe_epochs} must be at least 1")
+    if not 0 < args.probe_lr < float("inf"):
+        problems.append(f"--probe-lr: {args.probe_lr} must be a positive finite number")
+    if not 0 < args.probe_val_fraction < 1:
+        problems.append(f"--probe-val-fraction: {args.probe_val_fraction} must be in (0, 1)")
+    elif args.experiment == "probing" and 0 < min(settings.sizes, default=2) < 2:
+        problems.append(f"--sizes: {min(settings.sizes)} leaves nothing to train a probe on beside the held-out "
+                        "part; probing needs at least 2 examples")
     problems += data_dir_problems(settings.data_dir, [*settings.tasks, *(settings.intermediate_tasks or ())])
     return problems
 
@@ -254,16 +345,26 @@ def main(argv: list[str] | None = None) -> int:
     name = args.name or args.experiment
     print(f"{args.experiment}: {settings.model} ({num_layers} layers), storage {args.storage}/{name}")
     print(describe_grid(specs))
+    if args.experiment == "lr-multipliers":
+        print(f"(trials above are cells: each is an Optuna study of --num-samples {args.num_samples} trials, "
+              f"{len(specs) * args.num_samples:,} trials in all)")
     if args.dry_run:
         return 0
 
     folder = rows_dir(args.storage, name)
     done = finished_trial_ids(folder)
     todo = [s for s in specs if s.trial_id not in done]
+    grid_ids, table = {s.trial_id for s in specs}, None
+    if args.experiment == "lr-multipliers":  # a spec is a cell: a study of --num-samples trials
+        from analysis.search import best_table
+        from sweep.search import trial_ids, unfinished_cells
+
+        todo, grid_ids = unfinished_cells(specs, folder, args.num_samples), trial_ids(specs, args.num_samples)
+        table = best_table
     print(f"{len(specs) - len(todo)} already done, {len(todo)} to run")
     if todo:
         run(todo, settings, args, folder, raw)
-    return report(folder, {s.trial_id for s in specs})
+    return report(folder, grid_ids, table)
 
 
 def run(todo: list[TrialSpec], settings: GridSettings, args, folder: Path, raw: dict | None = None) -> None:
@@ -290,13 +391,13 @@ def run(todo: list[TrialSpec], settings: GridSettings, args, folder: Path, raw: 
         except (OSError, ValueError) as err:  # a malformed file, a model that will not load
             raise SystemExit(f"cannot start the sweep: {err}") from err
         print(f"data and weights ready in {time.perf_counter() - started:.1f}s; "
-              f"watch trials with `tensorboard --logdir {folder.parent}`")
+              f"watch trials with `tensorboard --logdir {parent(folder)}`")
         EXPERIMENTS[args.experiment].run_function()(
             todo,
             data=data,
             pretrained=pretrained,
             folder=folder,
-            tune_dir=folder.parent,
+            tune_dir=parent(folder),
             cpus_per_trial=args.cpus_per_trial,
             gpus_per_trial=args.gpus_per_trial,
             options=args,
@@ -306,7 +407,8 @@ def run(todo: list[TrialSpec], settings: GridSettings, args, folder: Path, raw: 
             ray.shutdown()  # before the interpreter exits, so workers stop quietly instead of by SIGTERM
 
 
-def report(folder: Path, grid_ids: set[str]) -> int:
+def report(folder: Path, grid_ids: set[str], table=None) -> int:
+    """Counts the rows of `grid_ids` and prints `table` of them (default: the per-condition summary)."""
     from analysis.results import read_results
     from analysis.stats import condition_table
 
@@ -315,7 +417,7 @@ def report(folder: Path, grid_ids: set[str]) -> int:
     statuses = rows["status"].value_counts().to_dict() if len(rows) else {}
     print(f"\nresults: {folder} ({len(rows)} of {len(grid_ids)} trials; {statuses})")
     if len(rows):
-        print(condition_table(rows).to_string(index=False, float_format=lambda x: f"{x:.4f}"))
+        print((table or condition_table)(rows).to_string(index=False, float_format=lambda x: f"{x:.4f}"))
     return 0 if len(rows) == len(grid_ids) and statuses.get("error", 0) == 0 else 1
 
 

@@ -37,6 +37,14 @@ class GridSettings:
     permutations: int = 10  # permutation: how many layer orders
     lr_multiplier: float = 5.0  # reinit-lr: the reinitialized layers' lr over the base lr
     intermediate_tasks: tuple[str, ...] | None = None  # sequential: None: the same as `tasks`
+    multiplier_range: tuple[float, float] = (0.1, 10.0)  # lr-multipliers: the log-uniform search range
+    multiplier_group: str = "layer"  # lr-multipliers: one multiplier per "layer", or "reinit-vs-kept" (two)
+    val_fraction: float = 0.2  # lr-multipliers: share of each training subset held out for the objective
+    probes: tuple[str, ...] = ("mean-pool",)  # probing: which probes (trainables.probing.PROBES)
+    patience: int = 5  # probing: epochs without a better validation loss before a probe stops
+    max_probe_epochs: int = 40  # probing: the paper's limit
+    probe_lr: float = 1e-3  # probing: AdamW learning rate of the probe (only the probe trains)
+    probe_val_fraction: float = 0.1  # probing: share of each training subset held out for early stopping
     fractions: tuple[float, ...] = ()  # train sizes as fractions of each task's train split (see sizes_for)
     train_split_sizes: tuple[tuple[str, int], ...] = ()  # task -> train split size, for fractions
 
@@ -203,6 +211,37 @@ def sequential(settings: GridSettings, num_layers: int, num_heads: int | None = 
     return specs
 
 
+def probing(settings: GridSettings, num_layers: int, num_heads: int | None = None) -> list[TrialSpec]:
+    """The frozen model probed at every layer 0..L (0 = the embeddings) with each probe, on the subsets of
+    the finetuning trials (trial index t: the same subset). One row per (task, size, trial, probe, layer);
+    `epochs` is the early-stopping limit and `lr` the probe's (sweep.probing runs them, a subset at a time)."""
+    layers = settings.layers if settings.layers is not None else tuple(range(num_layers + 1))
+    return [
+        dataclasses.replace(
+            trial(settings, "probing", task, n, t, Reinit(),
+                  {"probe": probe, "layer": layer, "patience": settings.patience,
+                   "val_fraction": settings.probe_val_fraction}),
+            epochs=settings.max_probe_epochs, lr=settings.probe_lr, lr_schedule="constant")
+        for task, n, t in settings.cells()
+        for probe in settings.probes
+        for layer in layers
+    ]
+
+
+def lr_multipliers(settings: GridSettings, num_layers: int, num_heads: int | None = None) -> list[TrialSpec]:
+    """The incremental grid's cells (layers 1..k kept, the rest reinitialized), each one an Optuna study over
+    per-layer learning-rate multipliers that sweep.search runs: a spec here is a cell, not a trial."""
+    low, high = settings.multiplier_range
+    ks = settings.k if settings.k is not None else tuple(range(num_layers + 1))
+    specs = []
+    for task, size, t in settings.cells():
+        labels = {"group": settings.multiplier_group, "multiplier_low": float(low), "multiplier_high": float(high),
+                  "val_size": min(size - 1, max(1, round(settings.val_fraction * size)))}
+        specs += [trial(settings, "lr-multipliers", task, size, t, settings.reinit(range(k + 1, num_layers + 1)),
+                        labels, k=k) for k in ks]
+    return specs
+
+
 @dataclasses.dataclass(frozen=True)
 class Experiment:
     build: Callable[..., list[TrialSpec]]  # (settings, num_layers, num_heads) -> the grid
@@ -234,4 +273,11 @@ EXPERIMENTS: dict[str, Experiment] = {
                                 "demo": dict(trials=["1"], layers=[1, 6], heads=[0, 6])}),
     # From the course reports: the SST-2/CoLA/QNLI matrix at 5k, 3 trials.
     "sequential": Experiment(sequential, {"paper": dict(_PAPER_5K, trials=["3"])}),
+    # Paper appendix: 8 trials per layer, on the subsets of the incremental grid (500/5k/50k, no CoLA 50k).
+    "probing": Experiment(probing, {"paper": dict(trials=["8"]), "demo": dict(trials=["2"])},
+                          runner="sweep.probing:run_probing"),
+    # Ours (the paper only tried 5x): one study per incremental cell at 500 examples; demo: two cells.
+    "lr-multipliers": Experiment(lr_multipliers, {"paper": dict(sizes=[500], trials=["1"], skip=frozenset()),
+                                                  "demo": dict(sizes=[200], trials=["1"], k=[0, 6])},
+                                 runner="sweep.search:run_searches"),
 }

@@ -2,12 +2,22 @@
 from __future__ import annotations
 
 import collections
+import datetime
 import platform
 import time
 from pathlib import Path
 
 from sweep.grid import TrialSpec
-from sweep.store import write_row
+from sweep.store import filesystem, write_row
+
+# Seconds between two epoch-end checkpoints of a trial. A BERT-base checkpoint (weights and Adam moments,
+# 1.3 GB) took 3.65 s to a local disk here, more to a bucket: after every epoch that is 16% of a 500-example
+# trial, while at most one per 15 minutes stays under 1% of any trial, and a lost machine costs at most ~15
+# minutes of each of its trials. The paper's 500- and 5k-example trials finish before their first checkpoint
+# is due: they simply start over. docs/benchmarks.md, "Checkpoints".
+CHECKPOINT_EVERY = 900.0
+CHECKPOINTS_KEPT = 2  # Tune's experiment snapshot may lag one checkpoint behind; it must still find it
+FINISHED_NOTE = "FINISHED"  # what is left of a finished trial's checkpoint
 
 
 def library_versions() -> dict:
@@ -23,8 +33,9 @@ def library_versions() -> dict:
     }
 
 
-def make_row_writer(folder: Path):
-    """A Tune callback, run in the driver, that writes a trial's row the moment the trial ends."""
+def make_row_writer(folder: Path | str, keep_checkpoints: bool = True):
+    """A Tune callback, run in the driver, that writes a trial's row the moment the trial ends, then (unless
+    `keep_checkpoints`) deletes the checkpoints of a finished (ok or diverged) trial."""
     from ray.tune import Callback
 
     versions = library_versions()
@@ -43,26 +54,48 @@ def make_row_writer(folder: Path):
             row["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
             write_row(folder, row)
             self.written.append(row["trial_id"])
+            if row["status"] != "error" and not keep_checkpoints:
+                drop_checkpoints(trial)
 
         def on_trial_complete(self, iteration, trials, trial, **info):
+            if "status" not in (trial.last_result or {}):
+                return  # it reported nothing: a resumed experiment's trial this run must not train
             self._write(trial, status=None, error=None)
 
         def on_trial_error(self, iteration, trials, trial, **info):
-            message = None
-            if trial.error_file:
-                try:
-                    message = Path(trial.error_file).read_text()[-4000:]
-                except OSError:
-                    message = f"trial failed; see {trial.error_file}"
-            self._write(trial, status="error", error=message or "trial failed")
+            self._write(trial, status="error", error=trial_error(trial))
 
     return ParquetRowWriter()
+
+
+def trial_error(trial) -> str:
+    """The tail of a failed trial's traceback, for its row's `error` column."""
+    if trial.error_file:
+        try:
+            return Path(trial.error_file).read_text()[-4000:]
+        except OSError:
+            return f"trial failed; see {trial.error_file}"
+    return "trial failed"
+
+
+def drop_checkpoints(trial) -> None:
+    """Delete what a finished trial's checkpoints hold, leaving in each folder a small note. A resumed Tune
+    experiment whose last snapshot still had the trial running restores it from that folder, so the folder
+    must exist; the trial then ends at once (finetune_trainable's run_only) without reading it."""
+    import pyarrow.fs
+
+    fs, path = trial.storage.storage_filesystem, trial.path
+    for info in fs.get_file_info(pyarrow.fs.FileSelector(path, allow_not_found=True)):
+        if info.type == pyarrow.fs.FileType.Directory and info.base_name.startswith("checkpoint_"):
+            fs.delete_dir_contents(info.path)
+            with fs.open_output_stream(f"{info.path}/{FINISHED_NOTE}") as note:
+                note.write(b"the trial finished; its row is in the sweep's rows folder\n")
 
 
 # What a trial's last report contributes to its row besides its dev_* metrics (Tune adds its own
 # bookkeeping, which we leave out).
 RESULT_COLUMNS = {
-    "status", "metric_name", "dev_metric", "dev_metrics_by_epoch", "train_loss", "lr_last",
+    "status", "metric_name", "dev_metric", "dev_metrics_by_epoch", "train_loss", "lr_last", "resumed_from_epoch",
     "train_seconds", "eval_seconds", "wall_seconds", "model_flops", "mfu", "peak_flops", "peak_flops_source",
     "device", "torch_threads", "weight_distance",
 }  # fmt: skip
@@ -81,12 +114,17 @@ def make_progress_printer(total: int):
             self.started = time.monotonic()
             self.ended = collections.Counter()
 
+        def setup(self, **info):
+            self.started = time.monotonic()  # also when a resumed experiment brings this printer back
+            self.ended = collections.Counter()
+
         def _line(self, trials, trial, status: str) -> None:
             self.ended[status] += 1
-            done = sum(self.ended.values())
+            # Trials a resumed experiment had already ended count as done; the ETA is this run's pace.
+            done = sum(t.status in ("TERMINATED", "ERROR") for t in trials) + 1  # + the trial ending now
             running = sum(t.status == "RUNNING" for t in trials) - 1  # the trial ending is still RUNNING
             elapsed = time.monotonic() - self.started
-            eta = elapsed / done * (total - done)
+            eta = elapsed / sum(self.ended.values()) * (total - done)
             metric = (trial.last_result or {}).get("dev_metric")
             shown = f"dev_metric={metric:.4f}" if isinstance(metric, float) else ""
             print(
@@ -98,7 +136,8 @@ def make_progress_printer(total: int):
             )
 
         def on_trial_complete(self, iteration, trials, trial, **info):
-            self._line(trials, trial, (trial.last_result or {}).get("status", "ok"))
+            if "status" in (trial.last_result or {}):  # else: not this run's to train (see the row writer)
+                self._line(trials, trial, trial.last_result["status"])
 
         def on_trial_error(self, iteration, trials, trial, **info):
             self._line(trials, trial, "error")
@@ -111,24 +150,32 @@ def run_trials(
     *,
     data: dict,
     pretrained: dict,
-    folder: Path,
-    tune_dir: Path,
+    folder: Path | str,
+    tune_dir: Path | str,
     cpus_per_trial: float,
     gpus_per_trial: float,
     options=None,
     verbose: int = 0,
 ):
     """Run every spec as a Tune trial; returns the Tune ResultGrid. Rows land in `folder` as trials end.
-    `options` is the parsed command line (None when called from Python), for settings of how to run."""
+    `options` is the parsed command line (None when called from Python), for settings of how to run:
+    checkpoint_every, keep_checkpoints, max_failures, resume (see sweep.cli's "running" options).
+
+    With `resume`, the newest Tune experiment under `tune_dir` is restored first (Tuner.restore): its
+    unfinished and failed trials continue from their last checkpoints, in their own trial folders; then any
+    spec it did not hold (a widened grid) runs in a new experiment."""
     from ray import tune
 
-    from trainables.tune_trainable import finetune_trainable
-
-    trainable = tune.with_resources(
-        tune.with_parameters(finetune_trainable, data=data, pretrained=pretrained),
-        {"cpu": cpus_per_trial, "gpu": gpus_per_trial},
-    )
-    writer = make_row_writer(folder)
+    checkpoint_every = getattr(options, "checkpoint_every", CHECKPOINT_EVERY)
+    keep_checkpoints = getattr(options, "keep_checkpoints", False)
+    max_failures = getattr(options, "max_failures", 2)
+    trainable = make_trainable(data, pretrained, cpus_per_trial, gpus_per_trial, checkpoint_every,
+                               run_only=frozenset(s.trial_id for s in specs))
+    if getattr(options, "resume", False):
+        specs = resume_experiment(tune_dir, trainable, specs)
+        if not specs:
+            return None, []
+    writer = make_row_writer(folder, keep_checkpoints)
     tuner = tune.Tuner(
         trainable,
         param_space={"trial": tune.grid_search([spec.to_config() for spec in specs])},
@@ -138,11 +185,62 @@ def run_trials(
             trial_dirname_creator=lambda t: t.config["trial"]["trial_id"],
         ),
         run_config=tune.RunConfig(
-            name=time.strftime("tune-%Y%m%d-%H%M%S"),
+            # Microseconds: a resumed run and the new cells after it may start within the same second.
+            name=datetime.datetime.now().strftime("tune-%Y%m%d-%H%M%S-%f"),
             storage_path=str(tune_dir),
             callbacks=[writer, make_progress_printer(len(specs))],
-            failure_config=tune.FailureConfig(max_failures=0),
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=CHECKPOINTS_KEPT),
+            # A failed or preempted trial goes on from its last checkpoint, up to this many times.
+            failure_config=tune.FailureConfig(max_failures=max_failures),
             verbose=verbose,
         ),
     )
     return tuner.fit(), writer.written
+
+
+def make_trainable(data, pretrained, cpus_per_trial, gpus_per_trial, checkpoint_every, run_only):
+    from ray import tune
+
+    from trainables.tune_trainable import finetune_trainable
+
+    return tune.with_resources(
+        tune.with_parameters(finetune_trainable, data=data, pretrained=pretrained,
+                             checkpoint_every=checkpoint_every, run_only=run_only),
+        {"cpu": cpus_per_trial, "gpu": gpus_per_trial},
+    )
+
+
+def latest_experiment(tune_dir: Path | str) -> str | None:
+    """The newest Tune experiment under a sweep's folder that can be restored, as a path or URI."""
+    import pyarrow.fs
+    from ray import tune
+
+    from sweep.store import join
+
+    fs, path = filesystem(tune_dir)
+    found = fs.get_file_info(pyarrow.fs.FileSelector(path, allow_not_found=True))
+    names = sorted((f.base_name for f in found if f.type == pyarrow.fs.FileType.Directory
+                    and f.base_name.startswith("tune-")), reverse=True)
+    for name in names:
+        experiment = str(join(tune_dir, name))
+        if tune.Tuner.can_restore(experiment):
+            return experiment
+    return None
+
+
+def resume_experiment(tune_dir: Path | str, trainable, specs: list[TrialSpec]) -> list[TrialSpec]:
+    """Restore and finish the newest Tune experiment of the sweep; returns the specs it did not hold."""
+    from ray import tune
+
+    experiment = latest_experiment(tune_dir)
+    if experiment is None:
+        print(f"--resume: no Tune experiment to continue under {tune_dir}; running the trials afresh", flush=True)
+        return specs
+    print(f"--resume: continuing {experiment}: its unfinished trials go on from their last checkpoints",
+          flush=True)
+    restored = tune.Tuner.restore(experiment, trainable=trainable, resume_unfinished=True, resume_errored=True)
+    held = {result.config["trial"]["trial_id"] for result in restored.fit()}
+    rest = [spec for spec in specs if spec.trial_id not in held]
+    if rest:
+        print(f"--resume: {len(rest)} trials were not in that experiment; running them now", flush=True)
+    return rest

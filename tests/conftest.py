@@ -1,7 +1,11 @@
 """Shared fixtures: tiny random BERT-family models saved as real model folders, the shared GLUE files."""
 from __future__ import annotations
 
+import os
 import shutil
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -57,3 +61,29 @@ def ray_local():
     ray.init(num_cpus=2, include_dashboard=False, configure_logging=False)
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def s3_bucket():
+    """A real S3 API on loopback (moto's server): an empty bucket's URI, with pyarrow's options for it."""
+    import pyarrow.fs
+
+    server = pytest.importorskip("moto.server").ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    options = f"endpoint_override={host}:{port}&scheme=http&region=us-east-1&allow_bucket_creation=true"
+    fs, _ = pyarrow.fs.FileSystem.from_uri(f"s3://testing:testing@bucket?{options}")  # moto takes any key
+    fs.create_dir("bucket")
+    yield f"s3://testing:testing@bucket/prefix?{options}"
+    server.stop()
+
+
+def run_then_sigkill(argv: list[str], ready, env: dict | None = None, poll: float = 0.1, timeout: float = 300) -> None:
+    """Start a sweep's driver in a session of its own and SIGKILL the whole session (driver, its local Ray:
+    GCS, raylet, workers) once `ready()` says so, or it exits, or `timeout` seconds pass."""
+    proc = subprocess.Popen(argv, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not ready() and proc.poll() is None:
+        time.sleep(poll)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()

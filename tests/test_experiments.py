@@ -18,6 +18,8 @@ PAPER_COUNTS = {
     "permutation": "total: 30 trials",  # 3 tasks x 10 permutations at 5k
     "heads": "total: 1,305 trials",  # 3 tasks x (12 layers x 12 heads + the no-reset baseline) x 3 trials
     "sequential": "total: 27 trials",  # 3 final x 3 intermediate (diagonal: direct) x 3 trials at 5k
+    "lr-multipliers": "total: 39 trials",  # cells: 3 tasks x 13 k at 500, 1 trial index; a study per cell
+    "probing": "total: 832 trials",  # 8 task x size cells (no CoLA 50k) x 13 layers (0..12) x 8 trials
 }
 
 

@@ -1,16 +1,28 @@
-"""Operations: a killed driver loses no finished trial and a rerun completes the sweep; multi-node runs."""
+"""Operations: a killed driver loses no finished trial, and a rerun (or `--resume`, continuing the trials from
+their checkpoints) completes the sweep; a trial whose worker dies resumes from its checkpoint in an S3 bucket
+to the same numbers; multi-node runs."""
 from __future__ import annotations
 
+import json
 import os
-import signal
 import subprocess
 import sys
-import time
+from pathlib import Path
 
+import pyarrow.fs
 import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from analysis.results import read_results
-from sweep.cli import main
+from sweep.cli import build_parser, main, settings_from_args
+from sweep.experiments import EXPERIMENTS
+from sweep.store import sweep_dir
+from trainables.data import tokenize_task
+from trainables.finetune import finetune
+from trainables.models import load_pretrained, load_tokenizer
+from trainables.tasks import load_task
+from tests.conftest import run_then_sigkill
+from trainables.tune_trainable import FAIL_AFTER_EPOCH, STATE_FILE, finetune_config
 
 
 def sweep_argv(model: str, storage, name: str, *extra: str) -> list[str]:
@@ -21,13 +33,7 @@ def sweep_argv(model: str, storage, name: str, *extra: str) -> list[str]:
 def test_sigkilled_driver_then_rerun_finishes_with_each_trial_once(tiny_bert, tmp_path):
     argv = [sys.executable, "-m", "sweep", *sweep_argv(tiny_bert, tmp_path, "kill", "--trials", "3", "--k", "0", "2", "4")]
     rows = tmp_path / "kill" / "rows"
-    # Its own session, so the kill takes the driver's local Ray (GCS, raylet, workers) down with it.
-    proc = subprocess.Popen(argv, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and len(list(rows.glob("*.parquet"))) < 2 and proc.poll() is None:
-        time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    run_then_sigkill(argv, ready=lambda: len(list(rows.glob("*.parquet"))) >= 2)
     before = {p.name: p.stat().st_mtime_ns for p in rows.glob("*.parquet")}
     assert 2 <= len(before) < 9, f"the kill should land mid-sweep; {len(before)} rows were written"
     # A row killed mid-write stays a hidden .tmp that readers skip; every visible file reads whole.
@@ -57,3 +63,116 @@ def test_sweep_on_a_two_node_cluster_gets_every_row(tiny_bert, tmp_path):
         cluster.shutdown()
     table = read_results(tmp_path / "multi")
     assert len(table) == 4 and table["trial_id"].is_unique and set(table["status"]) == {"ok"}
+
+
+def bucket_files(uri: str) -> dict[str, bytes]:
+    """Every object under a URI, by its path below it."""
+    fs, root = pyarrow.fs.FileSystem.from_uri(uri)
+    found = fs.get_file_info(pyarrow.fs.FileSelector(root, recursive=True))
+    return {f.path[len(root) + 1:]: fs.open_input_file(f.path).readall() for f in found if f.is_file}
+
+
+def test_trial_killed_mid_run_resumes_from_its_checkpoint_in_the_bucket_to_the_same_numbers(
+        tiny_bert, s3_bucket, tmp_path, monkeypatch):
+    # The trial's worker process dies right after epoch 2 (checkpointed, from the worker, to the bucket);
+    # Tune restarts it from there. Set before this test's own Ray starts: its workers inherit it.
+    monkeypatch.setenv(FAIL_AFTER_EPOCH, "2")
+    argv = sweep_argv(tiny_bert, s3_bucket, "crash", "--trials", "1", "--k", "2", "--epochs", "4",
+                      "--checkpoint-every", "0", "--max-failures", "1")
+    assert main(argv) == 0
+    sweep = sweep_dir(s3_bucket, "crash")
+    table = read_results(sweep)
+    assert len(table) == 1 and table.loc[0, "status"] == "ok"
+    assert table.loc[0, "resumed_from_epoch"] == 2, "the trial must have gone on from its epoch-2 checkpoint"
+
+    # The same trial, uninterrupted and without Ray, gives exactly the same numbers.
+    [spec] = EXPERIMENTS["incremental"].build(settings_from_args(build_parser().parse_args(argv)), 4, 4)
+    assert spec.trial_id == table.loc[0, "trial_id"]
+    data = tokenize_task(load_task("synthetic"), load_tokenizer(tiny_bert), tiny_bert, 128)
+    clean = finetune(finetune_config(spec.to_config(), gpu_fraction=0.0, threads=1), data, load_pretrained(tiny_bert))
+    assert clean["resumed_from_epoch"] == 0
+    assert list(table.loc[0, "dev_metrics_by_epoch"]) == clean["dev_metrics_by_epoch"]
+    assert table.loc[0, "train_loss"] == clean["train_loss"]
+    assert list(table.loc[0, "weight_distance"]) == clean["weight_distance"]
+
+    # In the bucket: one row; the trial's checkpoints emptied once it was written (a note stays); TensorBoard
+    # events of both attempts in the trial's one folder, all four epochs of loss, dev metric and lr.
+    files = bucket_files(sweep)
+    assert [f for f in files if f.startswith("rows/")] == [f"rows/{spec.trial_id}.parquet"]
+    in_trial_folders = {f.split("/", 1)[1]: payload for f, payload in files.items()
+                        if f.startswith("tune-") and f.count("/") >= 2}  # tune-*/<trial folder>/...
+    assert {f.split("/", 1)[0] for f in in_trial_folders} == {spec.trial_id}
+    mine = {f.split("/", 1)[1]: payload for f, payload in in_trial_folders.items()}
+    assert {f.rsplit("/", 1)[1] for f in mine if f.startswith("checkpoint_")} == {"FINISHED"}
+    logged = {}
+    for name, payload in mine.items():
+        if name.startswith("events.out.tfevents"):
+            (tmp_path / name).write_bytes(payload)
+            accumulator = EventAccumulator(str(tmp_path / name))
+            accumulator.Reload()
+            for tag in ("ray/tune/dev_metric", "ray/tune/train_loss", "ray/tune/lr_last"):
+                logged.setdefault(tag, {}).update({e.step: e.value for e in accumulator.Scalars(tag)})
+    assert all(sorted(steps) == [1, 2, 3, 4] for steps in logged.values()) and len(logged) == 3
+    assert [logged["ray/tune/dev_metric"][e] for e in (1, 2, 3, 4)] == pytest.approx(clean["dev_metrics_by_epoch"])
+
+
+def test_sigkilled_driver_then_resume_continues_trials_from_their_checkpoints(tiny_bert, tmp_path):
+    argv = [sys.executable, "-m", "sweep", *sweep_argv(tiny_bert, tmp_path, "resume", "--trials", "1", "--k", "0", "4",
+                                                      "--sizes", "200", "--epochs", "5", "--checkpoint-every", "0")]
+    sweep = tmp_path / "resume"
+    # Tune's experiment snapshot (what Tuner.restore reads) at every step instead of every 10 s or more, so
+    # that what the test sees in it is what the killed driver would have restored.
+    env = {**os.environ, "TUNE_GLOBAL_CHECKPOINT_S": "0"}
+
+    def mid_trial() -> bool:  # Tune's snapshot has a trial early in its run, past a checkpointed epoch
+        rows = {p.stem for p in (sweep / "rows").glob("*.parquet")}
+        for state in sweep.glob("tune-*/experiment_state-*.json"):
+            try:
+                trials = json.loads(state.read_text())["trial_data"]
+            except (OSError, ValueError):
+                continue  # being written
+            for _, run in trials:
+                last = json.loads(run)["last_result"]  # each trial's run metadata is a JSON string of its own
+                if 1 <= last.get("epoch", 0) <= 2 and last["config"]["trial"]["trial_id"] not in rows:
+                    return True
+        return False
+
+    run_then_sigkill(argv, ready=mid_trial, env=env, poll=0.05)
+    before = {p.name: p.stat().st_mtime_ns for p in (sweep / "rows").glob("*.parquet")}
+    assert len(before) < 2, "the kill should land mid-sweep"
+
+    resumed = subprocess.run([*argv, "--resume"], capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"{len(before)} already done, {2 - len(before)} to run" in resumed.stdout
+    assert "--resume: continuing" in resumed.stdout
+    table = read_results(sweep)
+    assert len(table) == 2 and table["trial_id"].is_unique and set(table["status"]) == {"ok"}
+    assert (table["resumed_from_epoch"] >= 1).any(), "an interrupted trial must go on from its checkpoint"
+    assert {name: (sweep / "rows" / name).stat().st_mtime_ns for name in before} == before
+    assert len(list(sweep.glob("tune-*"))) == 1, "resuming continues the same Tune experiment"
+    assert not list(sweep.glob(f"tune-*/*/checkpoint_*/{STATE_FILE}")), "finished trials keep no weights"
+
+    again = subprocess.run([*argv, "--resume"], capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and "2 already done, 0 to run" in again.stdout
+
+
+def test_checkpoint_frequency_is_a_setting():
+    from trainables.tune_trainable import EpochCheckpoints
+
+    def epochs_checkpointed(every) -> list[int]:
+        saved = []
+
+        def to_tune(result, checkpoint=None):  # stands in for tune.report; the folder exists while it runs
+            if checkpoint is not None and (Path(checkpoint.path) / STATE_FILE).is_file():
+                saved.append(result["epoch"])
+
+        checkpoints = EpochCheckpoints(every, to_tune)
+        for epoch in (1, 2, 3):
+            checkpoints.save({"epoch": epoch})
+            checkpoints.report({"epoch": epoch})
+        return saved
+
+    assert epochs_checkpointed(0) == [1, 2, 3]
+    assert epochs_checkpointed(None) == [] and epochs_checkpointed(3600) == []
+    assert build_parser().parse_args(["incremental"]).checkpoint_every == 900
+    assert build_parser().parse_args(["incremental", "--checkpoint-every", "off"]).checkpoint_every is None

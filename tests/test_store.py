@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+from pathlib import Path
 
+import pyarrow.fs
 import pytest
 
 from analysis.results import read_results
-from sweep.store import finished_trial_ids, write_row
+from sweep.store import finished_trial_ids, join, location, parent, rows_dir, sweep_dir, write_row
 
 
 def write_many(folder, writer: int, n: int) -> None:
@@ -44,3 +46,37 @@ def test_model_folder_without_safetensors_is_refused(tmp_path):
     (tmp_path / "pytorch_model.bin").write_bytes(b"pickled weights could run code")
     with pytest.raises(ValueError, match="holds no \\*.safetensors weights"):
         resolve_model_path(str(tmp_path))
+
+
+def test_storage_locations_local_file_uri_and_object_store():
+    assert rows_dir("results", "sw") == Path("results").resolve() / "sw" / "rows"
+    assert rows_dir("file:///tmp/results", "sw") == Path("/tmp/results/sw/rows")  # file:// is a local folder
+    uri = "s3://bucket/prefix?endpoint_override=host:9000&scheme=http"
+    assert sweep_dir(uri, "sw") == "s3://bucket/prefix/sw?endpoint_override=host:9000&scheme=http"
+    assert rows_dir(uri, "sw") == join(sweep_dir(uri, "sw"), "rows")
+    assert parent(rows_dir(uri, "sw")) == sweep_dir(uri, "sw")
+    assert location("gs://bucket/p/") == "gs://bucket/p/"
+
+
+def test_rows_on_an_object_store_are_written_read_and_skipped(s3_bucket):
+    folder = rows_dir(s3_bucket, "sw")
+    write_row(folder, {"trial_id": "a", "status": "ok", "dev_metric": 0.5})
+    write_row(folder, {"trial_id": "b", "status": "error", "dev_metric": None})
+    write_row(folder, {"trial_id": "a", "status": "ok", "dev_metric": 0.75})  # the same trial again: one row
+    fs, path = pyarrow.fs.FileSystem.from_uri(folder)
+    names = sorted(f.base_name for f in fs.get_file_info(pyarrow.fs.FileSelector(path)))
+    assert names == ["a.parquet", "b.parquet"], "an object store gets each row at its final key, no temp file"
+    assert finished_trial_ids(folder) == {"a"}
+    table = read_results(sweep_dir(s3_bucket, "sw")).set_index("trial_id")
+    assert table.loc["a", "dev_metric"] == 0.75 and len(table) == 2
+    assert finished_trial_ids(rows_dir(s3_bucket, "nothing-yet")) == set()
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        read_results(sweep_dir(s3_bucket, "nothing-yet"))
+
+
+def test_rows_under_a_file_uri(tmp_path):
+    folder = rows_dir(f"file://{tmp_path}", "sw")
+    write_row(folder, {"trial_id": "a", "status": "diverged"})
+    assert (tmp_path / "sw" / "rows" / "a.parquet").is_file()
+    assert finished_trial_ids(folder) == {"a"}
+    assert list(read_results(f"file://{tmp_path}/sw")["trial_id"]) == ["a"]

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from trainables.ablations import Reinit, apply_ablation, reinitialized_layers
 from trainables.cost import non_embedding_params, peak_flops, sequence_flops
-from trainables.data import TokenizedTask, collate, draw_subset, eval_batches, train_batches
+from trainables.data import TokenizedSplit, TokenizedTask, collate, draw_subset, eval_batches, train_batches
 from trainables.metrics import compute_metrics
 from trainables.models import Pretrained, build_classifier, layer_stack
 
@@ -39,6 +39,10 @@ class FinetuneConfig:
     seed: int  # classifier head, dropout, batch order and reinitialized weights
     ablation: Reinit = Reinit()  # any ablation value of trainables.ablations
     lr_multiplier: float = 1.0  # the reinitialized layers' learning rate over every other parameter's
+    # lr-multipliers search: encoder layer i (1..L) at lr * layer_lr_multipliers[i-1]; embeddings, pooler and
+    # head stay at lr. None: the `lr_multiplier` rule above.
+    layer_lr_multipliers: tuple[float, ...] | None = None
+    val_size: int = 0  # examples of the drawn subset held out of training for `val_metric`; 0: none
     intermediate_task: str | None = None  # sequential finetuning: train on this task first
     epochs: int | None = None  # None: default_epochs(train_size)
     lr: float = 2e-5
@@ -56,6 +60,16 @@ class FinetuneConfig:
             raise ValueError(f"lr_schedule '{self.lr_schedule}' is not one of {', '.join(LR_SCHEDULES)}")
         if not self.lr_multiplier > 0:
             raise ValueError(f"lr_multiplier {self.lr_multiplier} must be positive")
+        if self.layer_lr_multipliers is not None:
+            multipliers = tuple(float(m) for m in self.layer_lr_multipliers)  # a Tune config carries a list
+            object.__setattr__(self, "layer_lr_multipliers", multipliers)
+            if not all(m > 0 for m in multipliers):
+                raise ValueError(f"layer_lr_multipliers {list(multipliers)} must all be positive")
+            if self.lr_multiplier != 1.0:
+                raise ValueError("give lr_multiplier or layer_lr_multipliers, not both")
+        if not 0 <= self.val_size < self.train_size:
+            raise ValueError(f"val_size={self.val_size} must be in 0..{self.train_size - 1} "
+                             f"(train_size={self.train_size})")
 
 
 def param_groups(model: torch.nn.Module, reinit_layers, lr: float, multiplier: float) -> list[dict]:
@@ -68,6 +82,41 @@ def param_groups(model: torch.nn.Module, reinit_layers, lr: float, multiplier: f
         {"name": "reinit", "params": [p for p in model.parameters() if id(p) in fast], "lr": lr * multiplier},
     ]
     return [g for g in groups if g["params"]]
+
+
+def layer_param_groups(model: torch.nn.Module, lr: float, multipliers) -> list[dict]:
+    """Optimizer groups for per-layer learning rates: encoder layer i's parameters at lr * multipliers[i-1],
+    every other parameter (embeddings, pooler, classifier head) at lr; each parameter in exactly one group."""
+    stack = layer_stack(model)
+    if len(multipliers) != len(stack):
+        raise ValueError(f"{len(multipliers)} layer learning-rate multipliers for a model of {len(stack)} layers")
+    in_layers = {id(p) for layer in stack for p in layer.parameters()}
+    groups = [{"name": "base", "params": [p for p in model.parameters() if id(p) not in in_layers], "lr": lr}]
+    groups += [{"name": f"layer_{i}", "params": list(layer.parameters()), "lr": lr * m}
+               for i, (layer, m) in enumerate(zip(stack, multipliers), start=1)]
+    return groups
+
+
+def hold_out(rows: np.ndarray, val_size: int, subset_seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(rows to train on, rows held out): `val_size` examples of the drawn training subset, chosen by
+    SeedSequence([subset_seed, 3]), are never trained on; the search's objective is measured on them, so
+    the official dev split never feeds back into a search."""
+    if val_size == 0:
+        return rows, rows[:0]
+    rng = np.random.default_rng(np.random.SeedSequence([subset_seed, 3]))
+    held = np.sort(rng.choice(rows, val_size, replace=False))
+    return np.setdiff1d(rows, held), held
+
+
+def select_rows(split: TokenizedSplit, rows: np.ndarray) -> TokenizedSplit:
+    """The examples `rows` of a split as a split of their own."""
+    spans = [slice(split.offsets[r], split.offsets[r + 1]) for r in rows]
+    return TokenizedSplit(
+        input_ids=np.concatenate([split.input_ids[s] for s in spans]),
+        token_type_ids=np.concatenate([split.token_type_ids[s] for s in spans]),
+        offsets=np.concatenate([[0], np.cumsum(split.lengths[rows])]),
+        labels=split.labels[rows],
+    )
 
 
 def layer_weights(model: torch.nn.Module) -> list[list[torch.Tensor]]:
@@ -111,7 +160,10 @@ def evaluate(model, split, metric_task: str, batch_size: int, device, pad_id: in
 def make_optimizer(model, cfg: FinetuneConfig, rows: np.ndarray):
     """AdamW over every parameter (reinitialized layers at lr * lr_multiplier) and its lr schedule."""
     total_steps = math.ceil(len(rows) / cfg.batch_size) * cfg.epochs
-    groups = param_groups(model, reinitialized_layers(cfg.ablation), cfg.lr, cfg.lr_multiplier)
+    if cfg.layer_lr_multipliers is not None:
+        groups = layer_param_groups(model, cfg.lr, cfg.layer_lr_multipliers)
+    else:
+        groups = param_groups(model, reinitialized_layers(cfg.ablation), cfg.lr, cfg.lr_multiplier)
     optimizer = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=True)
     schedule = (lambda s: 1.0 - s / total_steps) if cfg.lr_schedule == "linear" else (lambda s: 1.0)
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
@@ -139,15 +191,50 @@ def train_epoch(model, data: TokenizedTask, rows, cfg, optimizer, scheduler, rng
     return float(torch.stack(losses).mean()), flops
 
 
+def training_state(epoch: int, model, optimizer, scheduler, rng, by_epoch, val_by_epoch, **counters) -> dict:
+    """All a run needs to continue after `epoch` as if it had never stopped: weights, optimizer and schedule,
+    the batch-order and dropout random streams, the figures so far. Tensors are the live ones (no copy):
+    write them out before training goes on."""
+    return {
+        "epoch": epoch,
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "batch_rng": rng.bit_generator.state,
+        "torch_rng": torch.get_rng_state(),
+        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "by_epoch": list(by_epoch),
+        "val_by_epoch": list(val_by_epoch),
+        **counters,  # flops, train_seconds, eval_seconds, wall_seconds so far
+    }
+
+
+def load_training_state(state: dict, model, optimizer, scheduler, rng) -> int:
+    """Put a `training_state` back into a freshly built model, optimizer, schedule and batch-order stream;
+    returns the epoch it was saved after."""
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    rng.bit_generator.state = state["batch_rng"]
+    torch.set_rng_state(state["torch_rng"])
+    if torch.cuda.is_available() and len(state["cuda_rng"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(state["cuda_rng"])
+    return int(state["epoch"])
+
+
 def finetune(
     cfg: FinetuneConfig,
     data: TokenizedTask,
     pretrained: Pretrained,
     report: Callable[[dict], None] | None = None,
     intermediate: TokenizedTask | None = None,
+    save: Callable[[dict], None] | None = None,
+    resume: dict | None = None,
 ) -> dict:
     """Finetune and evaluate; returns the last epoch's figures (the same dict last passed to `report`).
-    `intermediate` is the tokenized intermediate task when `cfg.intermediate_task` is set."""
+    `intermediate` is the tokenized intermediate task when `cfg.intermediate_task` is set.
+    `save`, if given, receives at every epoch end but the last, just before `report`, the training state
+    (`training_state`) from which `resume=` continues the run exactly as if it had never stopped."""
     started = time.perf_counter()
     torch.set_num_threads(max(1, cfg.threads))
     device = pick_device(cfg.gpu_fraction)
@@ -161,7 +248,7 @@ def finetune(
     num_layers, hidden = len(layer_stack(model)), int(pretrained.config.hidden_size)
     flops = train_seconds = eval_seconds = 0.0
 
-    if cfg.intermediate_task is not None:
+    if cfg.intermediate_task is not None and resume is None:  # a saved state is past the intermediate task
         # Sequential finetuning: the whole recipe on the intermediate task (its own subset of the same size,
         # its own head), then its encoder goes on under a fresh head for the final task.
         if intermediate is None or intermediate.task != cfg.intermediate_task:
@@ -184,6 +271,10 @@ def finetune(
     model.to(device)
 
     rows = draw_subset(len(data.train), cfg.train_size, cfg.subset_seed)
+    rows, held = hold_out(rows, cfg.val_size, cfg.subset_seed)
+    # The search's objective reads this part of the training split alone: never data.validation.
+    held_split = select_rows(data.train, held) if len(held) else None
+    val_by_epoch: list[float] = []
     rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 1]))  # batch order, independent of the subset
     optimizer, scheduler = make_optimizer(model, cfg, rows)
 
@@ -192,7 +283,13 @@ def finetune(
     result: dict = {}
     status = "ok"
     torch.manual_seed(cfg.seed)  # dropout draws from the global stream: start it at the same place every run
-    for epoch in range(1, cfg.epochs + 1):
+    resumed_from = 0
+    if resume is not None:
+        resumed_from = load_training_state(resume, model, optimizer, scheduler, rng)
+        by_epoch, val_by_epoch = list(resume["by_epoch"]), list(resume["val_by_epoch"])
+        flops, train_seconds, eval_seconds = resume["flops"], resume["train_seconds"], resume["eval_seconds"]
+        started -= resume["wall_seconds"]
+    for epoch in range(resumed_from + 1, cfg.epochs + 1):
         tick = time.perf_counter()
         train_loss, epoch_flops = train_epoch(model, data, rows, cfg, optimizer, scheduler, rng, device, autocast,
                                               pad_id, (n_params, num_layers, hidden))
@@ -208,6 +305,12 @@ def finetune(
         eval_seconds += time.perf_counter() - tick
         flops += sequence_flops(data.validation.lengths, n_params, num_layers, hidden, train=False)
         by_epoch.append(float(metrics[data.metric]))
+        if held_split is not None:  # the search's objective, on the held-out part of the training subset
+            tick = time.perf_counter()
+            val = evaluate(model, held_split, data.task, cfg.eval_batch_size, device, pad_id, autocast)
+            eval_seconds += time.perf_counter() - tick
+            flops += sequence_flops(held_split.lengths, n_params, num_layers, hidden, train=False)
+            val_by_epoch.append(float(val[data.metric]))
 
         compute_seconds = train_seconds + eval_seconds
         result = {
@@ -230,8 +333,17 @@ def finetune(
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "torch_threads": torch.get_num_threads(),
         }
+        if held_split is not None:
+            result.update(val_metric=val_by_epoch[-1], val_metrics_by_epoch=list(val_by_epoch), val_size=len(held))
+        if cfg.layer_lr_multipliers is not None:  # what the optimizer really got, layers 1..L
+            result["layer_lrs"] = [g["initial_lr"] for g in optimizer.param_groups if g["name"].startswith("layer_")]
         if epoch == cfg.epochs or status != "ok":
             result["weight_distance"] = weight_distance(start_weights, model)
+        result["resumed_from_epoch"] = resumed_from
+        if save is not None and epoch < cfg.epochs and status == "ok":
+            save(training_state(epoch, model, optimizer, scheduler, rng, by_epoch, val_by_epoch, flops=flops,
+                                train_seconds=train_seconds, eval_seconds=eval_seconds,
+                                wall_seconds=time.perf_counter() - started))
         if report is not None:
             report(result)
         if status != "ok":

@@ -2,11 +2,28 @@
 
 Everything heavy (tokenized tasks, pretrained weights) arrives through `tune.with_parameters`, i.e. Ray's
 object store, once per node rather than once per trial.
+
+Checkpoints: at an epoch end, when at least `checkpoint_every` seconds have passed since the trial started
+or last checkpointed, the training state (model, optimizer, schedule, random streams, figures so far) goes to
+the sweep's storage with that epoch's report. A trial that Tune restarts (FailureConfig, or a resumed sweep)
+finds it with `tune.get_checkpoint()` and continues after that epoch, to the same numbers.
 """
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+import time
+
+import torch
+
 from trainables.ablations import ablation_from_dict
 from trainables.finetune import FinetuneConfig, finetune
+
+STATE_FILE = "training_state.pt"
+# Test-only fault injection: a trial on its first attempt dies (as a preempted machine would) right after
+# reporting this epoch, so tests can watch Tune bring it back from its checkpoint.
+FAIL_AFTER_EPOCH = "REINIT_SWEEP_FAIL_AFTER_EPOCH"
 
 
 def finetune_config(trial: dict, gpu_fraction: float, threads: int) -> FinetuneConfig:
@@ -17,12 +34,69 @@ def finetune_config(trial: dict, gpu_fraction: float, threads: int) -> FinetuneC
     )
 
 
-def finetune_trainable(config: dict, data: dict, pretrained: dict) -> None:
+class EpochCheckpoints:
+    """`save` and `report` for `finetune`: a state offered at an epoch end is written when `every` seconds
+    have passed since the last checkpoint (0: every epoch; None: never), and goes to Tune with that report."""
+
+    def __init__(self, every: float | None, report):
+        self.every, self.report_to_tune = every, report
+        self.last = time.monotonic()
+        self.pending: str | None = None
+
+    def save(self, state: dict) -> None:
+        if self.every is None or time.monotonic() - self.last < self.every:
+            return
+        self.pending = tempfile.mkdtemp(prefix="reinit-sweep-checkpoint-")
+        torch.save(state, os.path.join(self.pending, STATE_FILE))
+
+    def report(self, result: dict) -> None:
+        from ray import tune
+
+        if self.pending is None:
+            self.report_to_tune(result)
+            return
+        try:  # Tune copies the folder to the sweep's storage before report returns
+            self.report_to_tune(result, checkpoint=tune.Checkpoint.from_directory(self.pending))
+        finally:
+            shutil.rmtree(self.pending, ignore_errors=True)
+            self.pending, self.last = None, time.monotonic()
+
+
+def load_state(checkpoint) -> dict | None:
+    """The training state in a Tune checkpoint; None when it holds none (a finished trial's checkpoint keeps
+    only a note once the sweep has deleted its weights)."""
+    with checkpoint.as_directory() as folder:
+        path = os.path.join(folder, STATE_FILE)
+        return torch.load(path, map_location="cpu", weights_only=True) if os.path.exists(path) else None
+
+
+def dying_after(epoch: int, report):
+    """`report`, and once it has reported `epoch` the process dies without cleaning up, like a lost machine."""
+    def report_then_die(result: dict) -> None:
+        report(result)
+        if result["epoch"] == epoch:
+            os._exit(1)
+    return report_then_die
+
+
+def finetune_trainable(config: dict, data: dict, pretrained: dict, checkpoint_every: float | None = None,
+                       run_only: frozenset | None = None) -> None:
+    """One trial. `run_only`: the trial ids this run may train; any other trial of a resumed Tune experiment
+    (finished since the experiment's last snapshot, or dropped from the grid) ends at once, reporting nothing."""
     from ray import tune
 
     trial = config["trial"]
+    if run_only is not None and trial["trial_id"] not in run_only:
+        return
     resources = tune.get_context().get_trial_resources().required_resources
     cfg = finetune_config(trial, gpu_fraction=resources.get("GPU", 0.0), threads=int(resources.get("CPU", 1)))
     intermediate = data[trial["intermediate_data_key"]] if trial.get("intermediate_data_key") else None
-    finetune(cfg, data[trial["data_key"]], pretrained[trial["model_key"]], report=tune.report,
-             intermediate=intermediate)
+    checkpoint = tune.get_checkpoint()
+    resume = load_state(checkpoint) if checkpoint is not None else None
+    checkpoints = EpochCheckpoints(checkpoint_every, tune.report)
+    report = checkpoints.report
+    fail_after = int(os.environ.get(FAIL_AFTER_EPOCH, "0"))
+    if fail_after and checkpoint is None:
+        report = dying_after(fail_after, report)
+    finetune(cfg, data[trial["data_key"]], pretrained[trial["model_key"]], report=report, intermediate=intermediate,
+             save=checkpoints.save if checkpoint_every is not None else None, resume=resume)

@@ -1,0 +1,173 @@
+"""Running the probing grid on Ray Tune: one Tune trial per training subset, one Parquet row per probe.
+
+A probing row is one (task, size, trial index, probe, layer). The rows that share a training subset (same
+task, size and trial index, the same probe settings) form one Tune trial, which runs the frozen encoder once
+over that subset and the dev split and then trains a probe per row on the cached features
+(trainables.probing.probe_subset). The trial reports once per probe; a callback in the driver writes that
+probe's row the moment the report arrives, so a crash loses no finished probe, and a rerun (which skips
+finished trial_ids) runs only the probes still missing, in as few subsets as they fall in.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import time
+from pathlib import Path
+
+from sweep.grid import TrialSpec, data_key
+from sweep.runner import library_versions, result_fields, trial_error
+from sweep.store import write_row
+
+# What a probe's report adds to its row beside what every finetuning row has (sweep.runner.RESULT_COLUMNS).
+PROBE_COLUMNS = (
+    "stop_epoch", "best_epoch", "val_metric", "val_loss", "val_losses", "fit_size", "val_size",
+    "feature_seconds", "feature_flops", "group_rows", "dev_features_reused",
+)  # fmt: skip
+GROUP_LABELS = ("probe", "layer")  # the labels that vary inside one subset's trial
+
+
+def group_key(spec: TrialSpec) -> str:
+    """What a probe shares with every probe of its Tune trial: its identity without probe and layer."""
+    identity = spec.identity()
+    identity["labels"] = {k: v for k, v in identity.get("labels", {}).items() if k not in GROUP_LABELS}
+    return json.dumps(identity, sort_keys=True)
+
+
+def group_config(specs: list[TrialSpec]) -> dict:
+    """A Tune trial's config: the subset and probe settings shared by `specs`, and each probe's row."""
+    first = specs[0]
+    labels = dict(first.labels)
+    digest = hashlib.sha256(group_key(first).encode()).hexdigest()[:10]
+    return {
+        "trial_id": f"probing-{first.task}-n{first.train_size}-t{first.trial_index}-{digest}",
+        "data_key": data_key(first.task, first.max_length),
+        "model_key": first.model,
+        "probe": {
+            "task": first.task,
+            "train_size": first.train_size,
+            "subset_seed": first.subset_seed,
+            "seed": first.seed,
+            "max_epochs": first.epochs,
+            "patience": labels["patience"],
+            "val_fraction": labels["val_fraction"],
+            "lr": first.lr,
+            "batch_size": first.batch_size,
+            "weight_decay": first.weight_decay,
+        },
+        "probes": [{"probe": dict(s.labels)["probe"], "layer": dict(s.labels)["layer"], "trial_id": s.trial_id,
+                    "row": s.row()} for s in specs],
+    }
+
+
+def group_specs(specs: list[TrialSpec]) -> list[dict]:
+    """The Tune trials of a probing grid, one per training subset, in the grid's order."""
+    groups: dict[str, list[TrialSpec]] = {}
+    for spec in specs:
+        if spec.experiment != "probing":
+            raise ValueError(f"sweep.probing runs probing trials only; got a '{spec.experiment}' trial")
+        groups.setdefault(group_key(spec), []).append(spec)
+    return [group_config(members) for members in groups.values()]
+
+
+def check_poolers(groups: list[dict], pretrained: dict) -> None:
+    """The [CLS] probes read the pooler: refuse, before any trial starts, a model that has none."""
+    for group in groups:
+        kinds = {p["probe"] for p in group["probes"]} - {"mean-pool"}
+        weights = pretrained[group["model_key"]].state_dict
+        if kinds and not any(name.startswith("pooler.") for name in weights):
+            raise SystemExit(f"cannot start the sweep:\n  - --probes: '{sorted(kinds)[0]}' reads the pooler, and "
+                             f"model '{group['model_key']}' has none; allowed for it: mean-pool")
+
+
+def make_probe_row_writer(folder: Path, groups: list[dict]):
+    """A Tune callback, run in the driver: each probe's row is written when its report arrives; when a
+    subset's trial fails (or ends without reporting a probe), its missing probes get `error` rows."""
+    from ray.tune import Callback
+
+    versions = library_versions()
+    entries = {p["trial_id"]: p for g in groups for p in g["probes"]}
+    total = len(entries)
+
+    class ProbeRowWriter(Callback):
+        def __init__(self):
+            self.written: list[str] = []
+            self.started = time.monotonic()
+
+        def _write(self, entry: dict, result: dict, status: str | None, error: str | None) -> None:
+            fields = {k: v for k, v in result.items() if k in PROBE_COLUMNS}
+            row = {**entry["row"], **result_fields(result), **fields, **versions, "host": platform.node()}
+            row["status"] = status or row.get("status") or "error"
+            row["error"] = error
+            row["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+            write_row(folder, row)
+            self.written.append(entry["trial_id"])
+            metric = row.get("dev_metric")
+            shown = f"dev {row.get('metric_name')} {metric:.4f}, stopped at epoch {row.get('stop_epoch')}" \
+                if isinstance(metric, float) else ""
+            print(f"[{len(self.written)}/{total}] {time.monotonic() - self.started:6.0f}s {entry['trial_id']} "
+                  f"{entry['probe']} layer {entry['layer']}: {row['status']} {shown}", flush=True)
+
+        def _missing(self, trial) -> list[dict]:
+            done = set(self.written)
+            return [p for p in trial.config["trial"]["probes"] if p["trial_id"] not in done]
+
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            entry = entries.get(result.get("row_id"))
+            if entry is not None:
+                self._write(entry, result, status=None, error=None)
+
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            for entry in self._missing(trial):
+                self._write(entry, {}, status="error", error="the trial ended without reporting this probe")
+
+        def on_trial_error(self, iteration, trials, trial, **info):
+            for entry in self._missing(trial):
+                self._write(entry, {}, status="error", error=trial_error(trial))
+
+    return ProbeRowWriter()
+
+
+def run_probing(
+    specs: list[TrialSpec],
+    *,
+    data: dict,
+    pretrained: dict,
+    folder: Path,
+    tune_dir: Path,
+    cpus_per_trial: float,
+    gpus_per_trial: float,
+    options=None,
+    verbose: int = 0,
+):
+    """Run the probing specs as one Tune trial per training subset; returns (Tune ResultGrid, the trial_ids
+    of the rows written). Rows land in `folder` as each probe finishes."""
+    from ray import tune
+
+    from trainables.probing import probing_trainable
+
+    groups = group_specs(specs)
+    check_poolers(groups, pretrained)
+    print(f"probing: {len(specs)} probes in {len(groups)} Tune trials (one encoder pass per training subset)")
+    trainable = tune.with_resources(
+        tune.with_parameters(probing_trainable, data=data, pretrained=pretrained),
+        {"cpu": cpus_per_trial, "gpu": gpus_per_trial},
+    )
+    writer = make_probe_row_writer(folder, groups)
+    tuner = tune.Tuner(
+        trainable,
+        param_space={"trial": tune.grid_search(groups)},
+        tune_config=tune.TuneConfig(
+            reuse_actors=True,
+            trial_name_creator=lambda t: t.config["trial"]["trial_id"],
+            trial_dirname_creator=lambda t: t.config["trial"]["trial_id"],
+        ),
+        run_config=tune.RunConfig(
+            name=time.strftime("tune-%Y%m%d-%H%M%S"),
+            storage_path=str(tune_dir),
+            callbacks=[writer],
+            failure_config=tune.FailureConfig(max_failures=0),
+            verbose=verbose,
+        ),
+    )
+    return tuner.fit(), writer.written

@@ -1,0 +1,241 @@
+"""`python -m sweep lr-multipliers`: per cell of the incremental grid (task, size, trial index, k), an Optuna
+study (TPE through Ray Tune's OptunaSearch) over per-layer learning-rate multipliers, ASHA stopping poor
+trials early.
+
+- Objective: `val_metric`, the task's headline metric on the part of the cell's training subset held out of
+  training (FinetuneConfig.val_size), after the trial's last reported epoch. The dev split is only reported
+  (`dev_*`): nothing the searcher or the scheduler reads comes from it.
+- Space: one log-uniform multiplier per encoder layer (`--group layer`), or two (`--group reinit-vs-kept`:
+  one for layers k+1..L, one for 1..k); embeddings, pooler and head stay at the base learning rate. The
+  study's first trial is every multiplier at 1: the same cell without the search, its baseline.
+- Each cell's study is one Tune experiment in `<storage>/<name>/searches/<cell id>`. Cells run at the same
+  time on the cluster: each Tuner is driven from a Ray task of its own (no CPU, on the driver's node, where
+  the rows are written), and their trials share the cluster's resources.
+- Resume: a rerun restores every unfinished cell (`Tuner.restore`), so its Optuna study, sampler state and
+  remaining budget carry on where they stopped; a cell whose budget is spent is not started at all.
+- Rows: one per trial, `<cell id>-s<n>`, n Optuna's trial number (s0 is the baseline); ASHA-stopped trials
+  land too, with status `pruned`.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import platform
+import time
+from pathlib import Path
+
+from ray.tune import Callback
+
+from sweep.grid import TrialSpec
+from sweep.runner import library_versions, result_fields, trial_error
+from sweep.store import write_row
+
+VAL_METRIC = "val_metric"  # the only figure the search reads: the held-out part of the training subset
+FINISHED = ("ok", "diverged", "pruned")  # rows of trials a resumed study does not run again
+GROUPS = ("layer", "reinit-vs-kept")
+
+
+def layer_params(group: str, k: int, num_layers: int) -> tuple[str, ...]:
+    """For each encoder layer 1..L, the name of the search parameter that sets its multiplier."""
+    if group == "layer":
+        return tuple(f"layer_{i}" for i in range(1, num_layers + 1))
+    if group == "reinit-vs-kept":
+        return tuple("kept" if i <= k else "reinit" for i in range(1, num_layers + 1))
+    raise ValueError(f"--group: '{group}' is not one of {', '.join(GROUPS)}")
+
+
+def trial_config(cell: dict, number: int, multipliers: list[float]) -> dict:
+    """The config of the cell's n-th trial: the cell's own config with the multipliers and the held-out
+    validation part set, under the trial's id."""
+    config = copy.deepcopy(cell)
+    trial_id = f"{cell['trial_id']}-s{number}"
+    config["trial_id"] = trial_id
+    config["finetune"].update(layer_lr_multipliers=list(multipliers), val_size=cell["row"]["val_size"])
+    config["row"].update(trial_id=trial_id, cell=cell["trial_id"], sample=number, multipliers=list(multipliers))
+    return config
+
+
+@dataclasses.dataclass(frozen=True)
+class MultiplierSpace:
+    """One cell's define-by-run space for OptunaSearch: a log-uniform multiplier per distinct parameter, and
+    the full trial config built from them. A module-level value, since OptunaSearch pickles it with its
+    state."""
+
+    params: tuple[str, ...]  # per layer 1..L, see layer_params
+    low: float
+    high: float
+    cell: dict  # the cell's config (TrialSpec.to_config())
+
+    def __call__(self, trial) -> dict:
+        value = {name: trial.suggest_float(name, self.low, self.high, log=True) for name in dict.fromkeys(self.params)}
+        return {"trial": trial_config(self.cell, trial.number, [value[name] for name in self.params])}
+
+    @property
+    def baseline(self) -> dict:
+        return {name: 1.0 for name in dict.fromkeys(self.params)}
+
+
+def cell_space(spec: TrialSpec, num_layers: int) -> MultiplierSpace:
+    labels = dict(spec.labels)
+    cell = spec.to_config()
+    cell["row"]["search_seed"] = spec.seed
+    return MultiplierSpace(layer_params(labels["group"], spec.k, num_layers), labels["multiplier_low"],
+                           labels["multiplier_high"], cell)
+
+
+def startup_trials(num_samples: int) -> int:
+    """TPE's random start (the baseline included): a third of the budget, 2 to 10 trials (Optuna's default of
+    10 would leave a small budget all random)."""
+    return max(2, min(10, num_samples // 3))
+
+
+def tune_config(spec: TrialSpec, num_layers: int, num_samples: int):
+    import optuna
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler
+    from ray.tune.search.optuna import OptunaSearch
+
+    space = cell_space(spec, num_layers)
+    searcher = OptunaSearch(
+        space, metric=VAL_METRIC, mode="max", points_to_evaluate=[space.baseline],
+        sampler=optuna.samplers.TPESampler(seed=spec.seed, n_startup_trials=startup_trials(num_samples)),
+    )
+    # OptunaSearch uses no Optuna pruner: early stopping is ASHA's, on the same held-out metric, per epoch.
+    scheduler = ASHAScheduler(time_attr="epoch", metric=VAL_METRIC, mode="max", max_t=spec.epochs, grace_period=1,
+                              reduction_factor=3)
+    return tune.TuneConfig(
+        search_alg=searcher, scheduler=scheduler, num_samples=num_samples, reuse_actors=True,
+        trial_name_creator=lambda t: t.config["trial"]["trial_id"],
+        trial_dirname_creator=lambda t: t.config["trial"]["trial_id"],
+    )
+
+
+class SearchRowWriter(Callback):
+    """Writes one row per ended trial, pruned ones included, and prints one line. It runs in the cell's
+    driver task; a module-level class, since Tune pickles callbacks with the experiment."""
+
+    def __init__(self, folder: Path, cell: str, num_samples: int):
+        self.folder, self.cell, self.num_samples = folder, cell, num_samples
+
+    def _write(self, trial, status: str | None, error: str | None) -> None:
+        last = trial.last_result or {}
+        epochs = trial.config["trial"]["finetune"]["epochs"]
+        row = {**trial.config["trial"]["row"], **result_fields(last), **library_versions(), "host": platform.node()}
+        row.update(
+            val_objective=last.get(VAL_METRIC),  # what Optuna was told: the last reported epoch's val_metric
+            val_metrics_by_epoch=last.get("val_metrics_by_epoch"),
+            epochs_run=int(last.get("epoch", 0)),
+            layer_lrs=last.get("layer_lrs"),
+        )
+        if status is None:
+            status = last.get("status", "error")
+            if status == "ok" and row["epochs_run"] < epochs:
+                status = "pruned"  # ASHA stopped it
+        row["status"], row["error"] = status, error
+        row["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        write_row(self.folder, row)
+        done = len(list(self.folder.glob(f"{self.cell}-s*.parquet")))
+        shown = " ".join(f"{m:.3g}" for m in row["multipliers"])
+        val, dev = row["val_objective"], row.get("dev_metric")
+        print(f"[{self.cell} {done}/{self.num_samples}] s{row['sample']} {status} after {row['epochs_run']}/{epochs} "
+              f"epochs | multipliers {shown} | val {val if val is None else f'{val:.4f}'} "
+              f"dev {dev if dev is None else f'{dev:.4f}'}", flush=True)
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        if "status" in (trial.last_result or {}):  # else it reported nothing this run: its row stands
+            self._write(trial, status=None, error=None)
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        self._write(trial, status="error", error=trial_error(trial))
+
+
+def experiment_dir(tune_dir: Path, spec: TrialSpec) -> Path:
+    return Path(tune_dir) / "searches" / spec.trial_id
+
+
+def search_cell(spec: TrialSpec, num_layers: int, num_samples: int, trainable, folder: Path, path: Path) -> str:
+    """Run one cell's study to its budget, or continue it where it stopped (inside a Ray task)."""
+    from ray import tune
+
+    if tune.Tuner.can_restore(path):
+        # Optuna's study and sampler, Tune's trials and the remaining budget all come back; trials that were
+        # running start again, errored ones are retried.
+        tuner = tune.Tuner.restore(str(path), trainable, resume_unfinished=True, resume_errored=True)
+    else:
+        tuner = tune.Tuner(
+            trainable,
+            tune_config=tune_config(spec, num_layers, num_samples),
+            run_config=tune.RunConfig(
+                name=path.name, storage_path=str(path.parent), verbose=0,
+                callbacks=[SearchRowWriter(folder, spec.trial_id, num_samples)],
+                failure_config=tune.FailureConfig(max_failures=0),
+            ),
+        )
+    tuner.fit()
+    return spec.trial_id
+
+
+def check_budget(path: Path, num_samples: int) -> str | None:
+    """A cell's budget is fixed when its study starts (Tune restores it); a different one is refused."""
+    saved = path / "search.json"
+    if saved.exists():
+        started = json.loads(saved.read_text())["num_samples"]
+        if started != num_samples:
+            return (f"--num-samples: {num_samples} differs from the {started} the study in {path} started with; "
+                    f"rerun with --num-samples {started} to continue it, or give a new --name")
+    return None
+
+
+def run_searches(specs: list[TrialSpec], *, data: dict, pretrained: dict, folder: Path, tune_dir: Path,
+                 cpus_per_trial: float, gpus_per_trial: float, options=None) -> list[str]:
+    """Every cell's study at once, each to `options.num_samples` trials; returns the cells searched."""
+    import ray
+    from ray import tune
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from trainables.tune_trainable import finetune_trainable
+
+    num_samples = options.num_samples if options is not None else 8
+    problems = [p for p in (check_budget(experiment_dir(tune_dir, s), num_samples) for s in specs) if p]
+    if problems:
+        raise SystemExit("cannot start the sweep:\n" + "\n".join(f"  - {p}" for p in problems))
+    for spec in specs:
+        path = experiment_dir(tune_dir, spec)
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "search.json").write_text(json.dumps({"num_samples": num_samples, "cell": spec.identity()}))
+
+    # Tasks and weights go to the object store once; every cell's trials read the same copy.
+    trainable = tune.with_resources(
+        tune.with_parameters(finetune_trainable, data=ray.put(data), pretrained=ray.put(pretrained)),
+        {"cpu": cpus_per_trial, "gpu": gpus_per_trial},
+    )
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    # Tune saves a study's state at most every few seconds by default; every second keeps the trials a kill
+    # makes a resumed study run again to those that ended in the last second.
+    search = ray.remote(num_cpus=0)(search_cell).options(
+        scheduling_strategy=here, runtime_env={"env_vars": {"TUNE_GLOBAL_CHECKPOINT_S": "1"}})
+    print(f"{len(specs)} studies of {num_samples} trials each; Tune experiments in {Path(tune_dir) / 'searches'}")
+    return ray.get([
+        search.remote(spec, pretrained[spec.model].num_layers, num_samples, trainable, folder,
+                      experiment_dir(tune_dir, spec))
+        for spec in specs
+    ])
+
+
+def trial_ids(specs: list[TrialSpec], num_samples: int) -> set[str]:
+    """Every trial id the cells' studies make when they run to their budget."""
+    return {f"{spec.trial_id}-s{n}" for spec in specs for n in range(num_samples)}
+
+
+def unfinished_cells(specs: list[TrialSpec], folder: Path, num_samples: int) -> list[TrialSpec]:
+    """The cells whose study has fewer than `num_samples` finished rows."""
+    from analysis.results import read_results
+
+    if not Path(folder).is_dir():
+        return list(specs)
+    rows = read_results(folder, columns=["trial_id", "cell", "status"])
+    if "cell" not in rows.columns:
+        return list(specs)
+    done = rows[rows["status"].isin(FINISHED)].groupby("cell")["trial_id"].nunique()
+    return [s for s in specs if done.get(s.trial_id, 0) < num_samples]

@@ -1,0 +1,200 @@
+"""The lr-multipliers search: per-layer optimizer groups, the held-out objective, a real Optuna search
+through Ray Tune on a tiny model, and a killed search that a rerun continues."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import subprocess
+import sys
+
+import numpy as np
+import optuna
+import pytest
+
+from analysis.results import read_results
+from analysis.search import best_table, importance_table
+from sweep.cli import main
+from sweep.experiments import GridSettings, lr_multipliers
+from tests.conftest import run_then_sigkill
+from sweep.search import MultiplierSpace, layer_params, run_searches, trial_config
+from trainables.ablations import Reinit
+from trainables.data import draw_subset, tokenize_task
+from trainables.finetune import FinetuneConfig, finetune, hold_out, make_optimizer
+from trainables.models import build_classifier, layer_stack, load_pretrained, load_tokenizer
+from trainables.tasks import load_task
+
+NUM_SAMPLES = 4
+LR = 1e-3  # large enough that a tiny model's objective moves with its multipliers
+
+
+@pytest.fixture(scope="module")
+def pretrained(tiny_bert):
+    return load_pretrained(tiny_bert)
+
+
+@pytest.fixture(scope="module")
+def synthetic(tiny_bert):
+    return tokenize_task(load_task("synthetic"), load_tokenizer(tiny_bert), tiny_bert, 128)
+
+
+def test_each_layer_gets_its_multiplier_in_the_optimizer_exactly(pretrained):
+    model = build_classifier(pretrained, 2, seed=0)
+    multipliers = (0.1, 0.5, 2.0, 7.3)
+    cfg = FinetuneConfig(task="synthetic", train_size=40, subset_seed=0, seed=0, lr=3e-5, epochs=1,
+                         layer_lr_multipliers=list(multipliers))  # a Tune config carries a list
+    optimizer, _ = make_optimizer(model, cfg, np.arange(40))
+    groups = {g["name"]: g for g in optimizer.param_groups}
+    for i, (layer, m) in enumerate(zip(layer_stack(model), multipliers), start=1):
+        assert {id(p) for p in groups[f"layer_{i}"]["params"]} == {id(p) for p in layer.parameters()}
+        assert groups[f"layer_{i}"]["lr"] == 3e-5 * m
+    assert groups["base"]["lr"] == 3e-5  # embeddings, pooler, head
+    base = {id(p) for p in groups["base"]["params"]}
+    assert {id(p) for p in model.bert.embeddings.parameters()} <= base
+    assert {id(p) for p in model.classifier.parameters()} <= base
+    everything = [id(p) for g in optimizer.param_groups for p in g["params"]]
+    assert sorted(everything) == sorted(id(p) for p in model.parameters()), "every parameter exactly once"
+
+    with pytest.raises(ValueError, match="3 layer learning-rate multipliers for a model of 4 layers"):
+        make_optimizer(model, dataclasses.replace(cfg, layer_lr_multipliers=(1.0, 1.0, 1.0)), np.arange(40))
+    with pytest.raises(ValueError, match="must all be positive"):
+        FinetuneConfig(task="synthetic", train_size=40, subset_seed=0, seed=0, layer_lr_multipliers=(1.0, 0.0))
+    with pytest.raises(ValueError, match="not both"):
+        FinetuneConfig(task="synthetic", train_size=40, subset_seed=0, seed=0, lr_multiplier=5.0,
+                       layer_lr_multipliers=(1.0,) * 4)
+
+
+def test_held_out_part_is_never_trained_on_and_reported_apart_from_dev(pretrained, synthetic):
+    subset = draw_subset(len(synthetic.train), 40, 3)
+    train, held = hold_out(subset, 8, 3)
+    assert len(held) == 8 and len(train) == 32 and not set(train) & set(held)
+    assert sorted([*train, *held]) == sorted(subset)
+    assert np.array_equal(hold_out(subset, 8, 3)[1], held), "the carve has a seed: the subset seed"
+    assert np.array_equal(hold_out(subset, 0, 3)[0], subset)
+
+    cfg = FinetuneConfig(task="synthetic", train_size=40, subset_seed=3, seed=3, epochs=2, val_size=8,
+                         ablation=Reinit(layers=(3, 4)), layer_lr_multipliers=(1, 1, 2, 2))
+    result = finetune(cfg, synthetic, pretrained)
+    assert len(result["val_metrics_by_epoch"]) == 2 and result["val_metric"] == result["val_metrics_by_epoch"][-1]
+    assert result["val_size"] == 8 and result["dev_metric"] == result["dev_accuracy"]
+    assert result["layer_lrs"] == [cfg.lr * m for m in (1, 1, 2, 2)]
+    plain = finetune(dataclasses.replace(cfg, val_size=0, layer_lr_multipliers=None, epochs=1), synthetic, pretrained)
+    assert "val_metric" not in plain and "layer_lrs" not in plain, "no carve unless asked"
+
+
+def test_grouped_space_gives_two_multipliers_and_the_baseline_first():
+    assert layer_params("reinit-vs-kept", 2, 4) == ("kept", "kept", "reinit", "reinit")
+    assert layer_params("layer", 2, 3) == ("layer_1", "layer_2", "layer_3")
+    settings = GridSettings(model="m", tasks=("sst2",), sizes=(100,), trials=((0, 1),), k=(2,),
+                            multiplier_group="reinit-vs-kept", multiplier_range=(0.5, 4.0))
+    (cell,) = lr_multipliers(settings, 4)
+    space = MultiplierSpace(layer_params("reinit-vs-kept", 2, 4), 0.5, 4.0, cell.to_config())
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=0))
+    study.enqueue_trial(space.baseline)
+    first, second = study.ask(), study.ask()
+    assert space(first)["trial"]["finetune"]["layer_lr_multipliers"] == [1.0] * 4
+    config = space(second)["trial"]
+    kept, reinit = second.params["kept"], second.params["reinit"]
+    assert config["finetune"]["layer_lr_multipliers"] == [kept, kept, reinit, reinit]
+    assert 0.5 <= kept <= 4.0 and 0.5 <= reinit <= 4.0 and set(second.params) == {"kept", "reinit"}
+    assert config["trial_id"] == f"{cell.trial_id}-s1" and config["row"]["cell"] == cell.trial_id
+    assert config["finetune"]["val_size"] == 20  # 0.2 of the subset, held out
+    assert trial_config(cell.to_config(), 0, [1.0] * 4)["row"]["sample"] == 0
+
+
+def search_argv(model, storage, name, *extra):
+    return ["lr-multipliers", "--model", model, "--tasks", "synthetic", "--sizes", "40", "--k", "2", "--epochs", "2",
+            "--lr", str(LR), "--cpus-per-trial", "2", "--storage", str(storage), "--name", name, *extra]
+
+
+def searched_study(path) -> optuna.Study:
+    """The Optuna study as Tune saved it with the experiment (OptunaSearch's own state)."""
+    from ray.tune.search.optuna import OptunaSearch
+
+    searcher = OptunaSearch()
+    searcher.restore_from_dir(str(path))
+    return searcher._ot_study
+
+
+@pytest.mark.slow  # two searches of 4 trials through Tune: about a minute on 2 idle cores
+def test_real_search_through_tune_never_reads_dev(ray_local, tiny_bert, synthetic, pretrained, tmp_path, capsys):
+    argv = search_argv(tiny_bert, tmp_path, "real", "--num-samples", str(NUM_SAMPLES))
+    assert main(argv) == 0
+    rows = read_results(tmp_path / "real").sort_values("sample").reset_index(drop=True)
+    (cell,) = set(rows["cell"])
+    assert list(rows["trial_id"]) == [f"{cell}-s{n}" for n in range(NUM_SAMPLES)]
+    assert list(rows["multipliers"][0]) == [1.0] * 4, "the study starts with its cell's baseline"
+    assert set(rows["status"]) <= {"ok", "pruned"} and "pruned" in set(rows["status"]), "ASHA stopped a trial"
+    pruned = rows[rows["status"] == "pruned"]
+    assert (pruned["epochs_run"] < 2).all() and pruned["val_objective"].notna().all()
+    for _, row in rows.iterrows():  # the optimizer got exactly the proposed multipliers, layer by layer
+        assert list(row["layer_lrs"]) == [LR * m for m in row["multipliers"]]
+        assert all(0.1 <= m <= 10 for m in row["multipliers"])
+
+    study = searched_study(tmp_path / "real" / "searches" / cell)
+    assert len(study.trials) == NUM_SAMPLES
+    for trial in study.trials:  # rows hold what Optuna proposed and what it was told
+        row = rows.iloc[trial.number]
+        assert list(row["multipliers"]) == [trial.params[f"layer_{i}"] for i in range(1, 5)]
+        assert trial.value == row["val_objective"]
+
+    # The same search with every dev label changed: the proposals and objectives cannot move, dev must.
+    poisoned = dataclasses.replace(synthetic, validation=dataclasses.replace(
+        synthetic.validation, labels=np.zeros_like(synthetic.validation.labels)))
+    settings = GridSettings(model=tiny_bert, tasks=("synthetic",), sizes=(40,), trials=((0, 1),), k=(2,),
+                            epochs=2, lr=LR)
+    specs = lr_multipliers(settings, 4)
+    assert [s.trial_id for s in specs] == [cell]
+    run_searches(specs, data={"synthetic@128": poisoned}, pretrained={tiny_bert: pretrained},
+                 folder=tmp_path / "poisoned" / "rows", tune_dir=tmp_path / "poisoned", cpus_per_trial=2,
+                 gpus_per_trial=0, options=argparse.Namespace(num_samples=NUM_SAMPLES))
+    other = read_results(tmp_path / "poisoned").sort_values("sample").reset_index(drop=True)
+    assert list(other["trial_id"]) == list(rows["trial_id"])
+    assert other["multipliers"].map(list).tolist() == rows["multipliers"].map(list).tolist()
+    assert other["val_metrics_by_epoch"].map(list).tolist() == rows["val_metrics_by_epoch"].map(list).tolist()
+    assert list(other["status"]) == list(rows["status"])
+    assert other["dev_metric"].tolist() != rows["dev_metric"].tolist(), "the poisoned dev split was evaluated"
+
+    # A finished study runs nothing again; a different budget for it is refused.
+    capsys.readouterr()
+    assert main(argv) == 0 and "0 to run" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match=f"--num-samples: 6 differs from the {NUM_SAMPLES}"):
+        main(search_argv(tiny_bert, tmp_path, "real", "--num-samples", "6"))
+
+    best = best_table(rows)
+    assert len(best) == 1 and best.loc[0, "baseline_val"] == rows.loc[0, "val_objective"]
+    assert best.loc[0, "best_val"] == rows.loc[rows["status"] == "ok", "val_objective"].max()
+    importances = importance_table(rows)
+    assert len(importances) in (1, 4) and set(importances["cell"]) == {cell}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--multiplier-range", "2", "10"], "--multiplier-range: 2 10 must be positive, finite and contain 1"),
+    (["--num-samples", "0"], "--num-samples: 0 must be at least 1"),
+    (["--val-fraction", "1.5"], "--val-fraction: 1.5 must be in (0, 1)"),
+])
+def test_bad_search_options_are_refused_before_any_work(tiny_bert, tmp_path, capsys, argv, message):
+    assert main([*search_argv(tiny_bert, tmp_path, "bad"), *argv]) == 2
+    assert message in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_killed_search_then_rerun_continues_the_study(tiny_bert, tmp_path):
+    budget = 5
+    argv = [sys.executable, "-m", "sweep", *search_argv(tiny_bert, tmp_path, "kill", "--num-samples", str(budget))]
+    rows = tmp_path / "kill" / "rows"
+    run_then_sigkill(argv, ready=lambda: len(list(rows.glob("*.parquet"))) >= 2)
+    before = {p.name: p.stat().st_mtime_ns for p in rows.glob("*.parquet")}
+    assert 2 <= len(before) < budget, f"the kill should land mid-search; {len(before)} rows were written"
+
+    rerun = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert "Restoring the run" in rerun.stdout + rerun.stderr, "the rerun restores the Tune experiment"
+    table = read_results(tmp_path / "kill")
+    assert len(table) == budget and table["trial_id"].is_unique
+    assert sorted(table["sample"]) == list(range(budget)), "Optuna's numbering went on, no second study"
+    again = [name for name, mtime in before.items() if (rows / name).stat().st_mtime_ns != mtime]
+    # Only a trial that ended within the last state save (a second) before the kill may run again.
+    assert len(again) <= 1, f"finished trials ran again: {again}"
+    (cell,) = set(table["cell"])
+    assert len(searched_study(tmp_path / "kill" / "searches" / cell).trials) == budget
