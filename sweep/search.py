@@ -29,7 +29,7 @@ from ray.tune import Callback
 
 from sweep.grid import TrialSpec
 from sweep.runner import library_versions, result_fields, trial_error
-from sweep.store import write_row
+from sweep.store import filesystem, join, parent, write_row
 
 VAL_METRIC = "val_metric"  # the only figure the search reads: the held-out part of the training subset
 FINISHED = ("ok", "diverged", "pruned")  # rows of trials a resumed study does not run again
@@ -115,7 +115,7 @@ class SearchRowWriter(Callback):
     """Writes one row per ended trial, pruned ones included, and prints one line. It runs in the cell's
     driver task; a module-level class, since Tune pickles callbacks with the experiment."""
 
-    def __init__(self, folder: Path, cell: str, num_samples: int):
+    def __init__(self, folder: Path | str, cell: str, num_samples: int):
         self.folder, self.cell, self.num_samples = folder, cell, num_samples
 
     def _write(self, trial, status: str | None, error: str | None) -> None:
@@ -135,7 +135,7 @@ class SearchRowWriter(Callback):
         row["status"], row["error"] = status, error
         row["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         write_row(self.folder, row)
-        done = len(list(self.folder.glob(f"{self.cell}-s*.parquet")))
+        done = count_rows(self.folder, f"{self.cell}-s")
         shown = " ".join(f"{m:.3g}" for m in row["multipliers"])
         val, dev = row["val_objective"], row.get("dev_metric")
         print(f"[{self.cell} {done}/{self.num_samples}] s{row['sample']} {status} after {row['epochs_run']}/{epochs} "
@@ -150,15 +150,26 @@ class SearchRowWriter(Callback):
         self._write(trial, status="error", error=trial_error(trial))
 
 
-def experiment_dir(tune_dir: Path, spec: TrialSpec) -> Path:
-    return Path(tune_dir) / "searches" / spec.trial_id
+def count_rows(folder: Path | str, prefix: str) -> int:
+    """How many rows in `folder` (a local folder or a storage URI) have a trial_id starting with `prefix`."""
+    import pyarrow.fs
+
+    fs, path = filesystem(folder)
+    found = fs.get_file_info(pyarrow.fs.FileSelector(path, allow_not_found=True))
+    return sum(f.base_name.startswith(prefix) and f.base_name.endswith(".parquet") for f in found)
 
 
-def search_cell(spec: TrialSpec, num_layers: int, num_samples: int, trainable, folder: Path, path: Path) -> str:
+def experiment_dir(tune_dir: Path | str, spec: TrialSpec) -> Path | str:
+    """Where a cell's Tune experiment lives: a local folder or a storage URI."""
+    return join(join(tune_dir, "searches"), spec.trial_id)
+
+
+def search_cell(spec: TrialSpec, num_layers: int, num_samples: int, trainable, folder: Path | str,
+                path: Path | str) -> str:
     """Run one cell's study to its budget, or continue it where it stopped (inside a Ray task)."""
     from ray import tune
 
-    if tune.Tuner.can_restore(path):
+    if tune.Tuner.can_restore(str(path)):
         # Optuna's study and sampler, Tune's trials and the remaining budget all come back; trials that were
         # running start again, errored ones are retried.
         tuner = tune.Tuner.restore(str(path), trainable, resume_unfinished=True, resume_errored=True)
@@ -167,7 +178,7 @@ def search_cell(spec: TrialSpec, num_layers: int, num_samples: int, trainable, f
             trainable,
             tune_config=tune_config(spec, num_layers, num_samples),
             run_config=tune.RunConfig(
-                name=path.name, storage_path=str(path.parent), verbose=0,
+                name=spec.trial_id, storage_path=str(parent(path)), verbose=0,
                 callbacks=[SearchRowWriter(folder, spec.trial_id, num_samples)],
                 failure_config=tune.FailureConfig(max_failures=0),
             ),
@@ -176,18 +187,27 @@ def search_cell(spec: TrialSpec, num_layers: int, num_samples: int, trainable, f
     return spec.trial_id
 
 
-def check_budget(path: Path, num_samples: int) -> str | None:
+def check_budget(path: Path | str, num_samples: int) -> str | None:
     """A cell's budget is fixed when its study starts (Tune restores it); a different one is refused."""
-    saved = path / "search.json"
-    if saved.exists():
-        started = json.loads(saved.read_text())["num_samples"]
+    fs, where = filesystem(path)
+    saved = f"{where}/search.json"
+    if fs.get_file_info(saved).is_file:
+        with fs.open_input_stream(saved) as handle:
+            started = json.loads(handle.read())["num_samples"]
         if started != num_samples:
             return (f"--num-samples: {num_samples} differs from the {started} the study in {path} started with; "
                     f"rerun with --num-samples {started} to continue it, or give a new --name")
     return None
 
 
-def run_searches(specs: list[TrialSpec], *, data: dict, pretrained: dict, folder: Path, tune_dir: Path,
+def record_budget(path: Path | str, spec: TrialSpec, num_samples: int) -> None:
+    fs, where = filesystem(path)
+    fs.create_dir(where)
+    with fs.open_output_stream(f"{where}/search.json") as handle:
+        handle.write(json.dumps({"num_samples": num_samples, "cell": spec.identity()}).encode())
+
+
+def run_searches(specs: list[TrialSpec], *, data: dict, pretrained: dict, folder: Path | str, tune_dir: Path | str,
                  cpus_per_trial: float, gpus_per_trial: float, options=None) -> list[str]:
     """Every cell's study at once, each to `options.num_samples` trials; returns the cells searched."""
     import ray
@@ -201,9 +221,7 @@ def run_searches(specs: list[TrialSpec], *, data: dict, pretrained: dict, folder
     if problems:
         raise SystemExit("cannot start the sweep:\n" + "\n".join(f"  - {p}" for p in problems))
     for spec in specs:
-        path = experiment_dir(tune_dir, spec)
-        path.mkdir(parents=True, exist_ok=True)
-        (path / "search.json").write_text(json.dumps({"num_samples": num_samples, "cell": spec.identity()}))
+        record_budget(experiment_dir(tune_dir, spec), spec, num_samples)
 
     # Tasks and weights go to the object store once; every cell's trials read the same copy.
     trainable = tune.with_resources(
@@ -215,7 +233,7 @@ def run_searches(specs: list[TrialSpec], *, data: dict, pretrained: dict, folder
     # makes a resumed study run again to those that ended in the last second.
     search = ray.remote(num_cpus=0)(search_cell).options(
         scheduling_strategy=here, runtime_env={"env_vars": {"TUNE_GLOBAL_CHECKPOINT_S": "1"}})
-    print(f"{len(specs)} studies of {num_samples} trials each; Tune experiments in {Path(tune_dir) / 'searches'}")
+    print(f"{len(specs)} studies of {num_samples} trials each; Tune experiments in {join(tune_dir, 'searches')}")
     return ray.get([
         search.remote(spec, pretrained[spec.model].num_layers, num_samples, trainable, folder,
                       experiment_dir(tune_dir, spec))
@@ -228,11 +246,14 @@ def trial_ids(specs: list[TrialSpec], num_samples: int) -> set[str]:
     return {f"{spec.trial_id}-s{n}" for spec in specs for n in range(num_samples)}
 
 
-def unfinished_cells(specs: list[TrialSpec], folder: Path, num_samples: int) -> list[TrialSpec]:
+def unfinished_cells(specs: list[TrialSpec], folder: Path | str, num_samples: int) -> list[TrialSpec]:
     """The cells whose study has fewer than `num_samples` finished rows."""
+    import pyarrow.fs
+
     from analysis.results import read_results
 
-    if not Path(folder).is_dir():
+    fs, path = filesystem(folder)
+    if not fs.get_file_info(path).type == pyarrow.fs.FileType.Directory:
         return list(specs)
     rows = read_results(folder, columns=["trial_id", "cell", "status"])
     if "cell" not in rows.columns:

@@ -3,12 +3,14 @@ through Ray Tune on a tiny model, and a killed search that a rerun continues."""
 from __future__ import annotations
 
 import argparse
+import json
 import dataclasses
 import subprocess
 import sys
 
 import numpy as np
 import optuna
+import pyarrow.fs
 import pytest
 
 from analysis.results import read_results
@@ -198,3 +200,26 @@ def test_killed_search_then_rerun_continues_the_study(tiny_bert, tmp_path):
     assert len(again) <= 1, f"finished trials ran again: {again}"
     (cell,) = set(table["cell"])
     assert len(searched_study(tmp_path / "kill" / "searches" / cell).trials) == budget
+
+
+def test_search_on_object_storage_lands_rows_and_reruns_nothing(ray_local, tiny_bert, s3_bucket, capsys):
+    from sweep.store import join, sweep_dir
+
+    argv = search_argv(tiny_bert, s3_bucket, "on-s3", "--num-samples", "2", "--epochs", "1")
+    assert main(argv) == 0
+    rows = read_results(sweep_dir(s3_bucket, "on-s3"))
+    assert sorted(rows["sample"]) == [0, 1] and set(rows["status"]) == {"ok"}
+    (cell,) = set(rows["cell"])
+    assert searched_study_uri(join(sweep_dir(s3_bucket, "on-s3"), "searches", cell)) == 2
+    capsys.readouterr()
+    assert main(argv) == 0 and "0 to run" in capsys.readouterr().out
+
+
+def searched_study_uri(experiment: str) -> int:
+    """How many trials Tune's saved experiment under a storage URI holds (what a rerun would restore)."""
+    from ray import tune
+
+    assert tune.Tuner.can_restore(experiment)
+    fs, path = pyarrow.fs.FileSystem.from_uri(experiment)
+    saved = [f for f in fs.get_file_info(pyarrow.fs.FileSelector(path)) if f.base_name.startswith("experiment_state")]
+    return len(json.loads(fs.open_input_stream(saved[-1].path).read())["trial_data"])
