@@ -143,3 +143,10 @@ def test_failed_and_diverged_trials_land_as_rows_and_the_sweep_goes_on(ray_local
     (summary,) = summarize(read_results(folder), ["task", "k"]).to_dict("records")
     assert summary["n"] == 1 and summary["mean"] == rows.loc[ok.trial_id, "dev_metric"]
     assert summary["excluded"] == 2 and summary["diverged"] == 1 and summary["failed"] == 1
+
+
+def test_a_subset_larger_than_the_train_split_is_refused_before_any_trial(ray_local, tiny_bert, glue_dir, tmp_path):
+    with pytest.raises(SystemExit, match=r"--sizes: 100000 is larger than the sst2 train split \(67,349 examples\)"):
+        main(["incremental", "--model", tiny_bert, "--tasks", "sst2", "--data-dir", str(glue_dir), "--k", "0",
+              "--sizes", "100000", "--trials", "1", "--storage", str(tmp_path)])
+    assert not list(tmp_path.rglob("*.parquet"))
