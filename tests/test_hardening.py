@@ -150,3 +150,12 @@ def test_a_subset_larger_than_the_train_split_is_refused_before_any_trial(ray_lo
         main(["incremental", "--model", tiny_bert, "--tasks", "sst2", "--data-dir", str(glue_dir), "--k", "0",
               "--sizes", "100000", "--trials", "1", "--storage", str(tmp_path)])
     assert not list(tmp_path.rglob("*.parquet"))
+
+
+def test_unknown_experiment_names_the_choices(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["incremantal", "--storage", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "invalid choice: 'incremantal'" in err
+    assert "incremental" in err and "probing" in err and "lr-multipliers" in err
+    assert not any(tmp_path.iterdir())
