@@ -51,6 +51,20 @@ def peak_flops(device: str) -> tuple[float, str]:
     return _measured_cpu_matmul_flops(), "measured-cpu-matmul"
 
 
+def cost_fields(flops: float, seconds: float, device: torch.device) -> dict:
+    """The cost columns of a row: model FLOPs, MFU over `seconds` against the device's peak, the peak and
+    where it comes from, the device and the CPU threads torch used."""
+    peak, source = peak_flops(str(device))
+    return {
+        "model_flops": flops,
+        "mfu": flops / seconds / peak if peak and seconds > 0 else float("nan"),
+        "peak_flops": peak,
+        "peak_flops_source": source,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
 def _measured_cpu_matmul_flops(n: int = 512, repeats: int = 8) -> float:
     # CPUs have no datasheet figure we can trust across machines: the best fp32 matmul rate this process
     # reaches with its thread count is the practical ceiling.

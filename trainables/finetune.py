@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from trainables.ablations import Reinit, apply_ablation, reinitialized_layers
-from trainables.cost import non_embedding_params, peak_flops, sequence_flops
+from trainables.cost import cost_fields, non_embedding_params, peak_flops, sequence_flops
 from trainables.data import TokenizedSplit, TokenizedTask, collate, draw_subset, eval_batches, train_batches
 from trainables.metrics import compute_metrics
 from trainables.models import Pretrained, build_classifier, layer_stack
@@ -278,7 +278,7 @@ def finetune(
     rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 1]))  # batch order, independent of the subset
     optimizer, scheduler = make_optimizer(model, cfg, rows)
 
-    peak, peak_source = peak_flops(str(device))
+    peak_flops(str(device))  # a CPU peak is measured now (then cached), outside every timed stretch
     by_epoch: list[float] = []
     result: dict = {}
     status = "ok"
@@ -312,7 +312,6 @@ def finetune(
             flops += sequence_flops(held_split.lengths, n_params, num_layers, hidden, train=False)
             val_by_epoch.append(float(val[data.metric]))
 
-        compute_seconds = train_seconds + eval_seconds
         result = {
             "status": status,
             "epoch": epoch,
@@ -326,12 +325,7 @@ def finetune(
             "train_seconds": train_seconds,
             "eval_seconds": eval_seconds,
             "wall_seconds": time.perf_counter() - started,
-            "model_flops": flops,
-            "mfu": flops / compute_seconds / peak if peak else float("nan"),
-            "peak_flops": peak,
-            "peak_flops_source": peak_source,
-            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "torch_threads": torch.get_num_threads(),
+            **cost_fields(flops, train_seconds + eval_seconds, device),
         }
         if held_split is not None:
             result.update(val_metric=val_by_epoch[-1], val_metrics_by_epoch=list(val_by_epoch), val_size=len(held))

@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainables.cost import non_embedding_params, peak_flops, sequence_flops
+from trainables.cost import cost_fields, non_embedding_params, peak_flops, sequence_flops
 from trainables.data import TokenizedSplit, TokenizedTask, collate, draw_subset, train_batches
 from trainables.finetune import pick_device
 from trainables.metrics import compute_metrics
@@ -269,7 +269,7 @@ def probe_subset(
     feature_flops = sequence_flops(encoded, non_embedding_params(encoder), num_layers, hidden, train=False)
     # Each row carries an equal share of the set-up (model build, encoder passes), so rows sum to the total.
     shared_seconds = (time.perf_counter() - started) / len(todo)
-    peak, peak_source = peak_flops(str(device))
+    peak_flops(str(device))  # a CPU peak is measured now (then cached), outside every timed stretch
 
     results = []
     for probe, layer in todo:
@@ -314,12 +314,7 @@ def probe_subset(
             "feature_flops": feature_flops,
             "group_rows": len(todo),
             "wall_seconds": wall,
-            "model_flops": flops,
-            "mfu": flops / wall / peak if peak else float("nan"),
-            "peak_flops": peak,
-            "peak_flops_source": peak_source,
-            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "torch_threads": torch.get_num_threads(),
+            **cost_fields(flops, wall, device),
         }
         results.append(result)
         if report is not None:
