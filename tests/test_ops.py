@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pyarrow.fs
 import pytest
+import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from analysis.results import read_results
@@ -124,7 +125,7 @@ def test_sigkilled_driver_then_resume_continues_trials_from_their_checkpoints(ti
     # that what the test sees in it is what the killed driver would have restored.
     env = {**os.environ, "TUNE_GLOBAL_CHECKPOINT_S": "0"}
 
-    def mid_trial() -> bool:  # Tune's snapshot has a trial early in its run, past a checkpointed epoch
+    def mid_trial() -> bool:  # Tune's snapshot has a trial early in its run, with a checkpoint registered
         rows = {p.stem for p in (sweep / "rows").glob("*.parquet")}
         for state in sweep.glob("tune-*/experiment_state-*.json"):
             try:
@@ -132,8 +133,12 @@ def test_sigkilled_driver_then_resume_continues_trials_from_their_checkpoints(ti
             except (OSError, ValueError):
                 continue  # being written
             for _, run in trials:
-                last = json.loads(run)["last_result"]  # each trial's run metadata is a JSON string of its own
-                if 1 <= last.get("epoch", 0) <= 2 and last["config"]["trial"]["trial_id"] not in rows:
+                run = json.loads(run)  # each trial's run metadata is a JSON string of its own
+                last = run["last_result"]
+                # The result and its checkpoint reach the snapshot separately: wait for the checkpoint's path
+                # in the (pickled, here only searched as bytes) checkpoint manager, or a restore starts over.
+                registered = b"/checkpoint_0" in bytes.fromhex(run["checkpoint_manager"].get("value", ""))
+                if 1 <= last.get("epoch", 0) <= 2 and registered and last["config"]["trial"]["trial_id"] not in rows:
                     return True
         return False
 
@@ -176,3 +181,21 @@ def test_checkpoint_frequency_is_a_setting():
     assert epochs_checkpointed(None) == [] and epochs_checkpointed(3600) == []
     assert build_parser().parse_args(["incremental"]).checkpoint_every == 900
     assert build_parser().parse_args(["incremental", "--checkpoint-every", "off"]).checkpoint_every is None
+
+
+def test_a_recorded_checkpoint_deleted_since_falls_back_to_the_newest_surviving_one(tmp_path):
+    from ray import tune
+
+    from trainables.tune_trainable import load_state
+
+    trial = tmp_path / "trial"
+    for index, epoch in ((1, 2), (2, 3)):  # Tune kept the last two; checkpoint_000000 (epoch 1) is gone
+        (trial / f"checkpoint_00000{index}").mkdir(parents=True)
+        torch.save({"epoch": epoch}, trial / f"checkpoint_00000{index}" / STATE_FILE)
+    (trial / "checkpoint_000003").mkdir()
+    (trial / "checkpoint_000003" / "FINISHED").write_text("a note, no weights")
+    assert load_state(tune.Checkpoint(str(trial / "checkpoint_000000"))) == {"epoch": 3}
+    assert load_state(tune.Checkpoint(str(trial / "checkpoint_000001"))) == {"epoch": 2}  # it exists: use it
+    (trial / "checkpoint_000001" / STATE_FILE).unlink()
+    (trial / "checkpoint_000002" / STATE_FILE).unlink()
+    assert load_state(tune.Checkpoint(str(trial / "checkpoint_000000"))) is None  # a finished trial's notes

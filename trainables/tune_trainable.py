@@ -64,10 +64,27 @@ class EpochCheckpoints:
 
 def load_state(checkpoint) -> dict | None:
     """The training state in a Tune checkpoint; None when it holds none (a finished trial's checkpoint keeps
-    only a note once the sweep has deleted its weights)."""
-    with checkpoint.as_directory() as folder:
-        path = os.path.join(folder, STATE_FILE)
-        return torch.load(path, map_location="cpu", weights_only=True) if os.path.exists(path) else None
+    only a note once the sweep has deleted its weights). Tune's record of a trial can name a checkpoint it
+    has since replaced and deleted (num_to_keep) when the driver died between the two: then the newest
+    surviving checkpoint of the same trial is the one to go on from, not a fresh start."""
+    for candidate in [checkpoint, *reversed(sibling_checkpoints(checkpoint))]:
+        with candidate.as_directory() as folder:
+            path = os.path.join(folder, STATE_FILE)
+            if os.path.exists(path):
+                return torch.load(path, map_location="cpu", weights_only=True)
+    return None
+
+
+def sibling_checkpoints(checkpoint) -> list:
+    """The other checkpoints in the trial's folder, oldest first (Tune numbers them checkpoint_000000, ...)."""
+    import pyarrow.fs
+    from ray import tune
+
+    fs, parent = checkpoint.filesystem, os.path.dirname(checkpoint.path.rstrip("/"))
+    found = fs.get_file_info(pyarrow.fs.FileSelector(parent, allow_not_found=True))
+    return [tune.Checkpoint(f.path, filesystem=fs) for f in sorted(found, key=lambda f: f.base_name)
+            if f.type == pyarrow.fs.FileType.Directory and f.base_name.startswith("checkpoint_")
+            and f.path.rstrip("/") != checkpoint.path.rstrip("/")]
 
 
 def dying_after(epoch: int, report):
