@@ -10,6 +10,11 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 
+def cannot_start(problems: list[str]) -> str:
+    """The one message a refused sweep prints: a line per problem."""
+    return "cannot start the sweep:\n" + "\n".join(f"  - {p}" for p in problems)
+
+
 def storage_problems(storage: str) -> list[str]:
     """Whether rows can be written under `storage` (a local folder or a pyarrow.fs URI such as s3://...),
     found by writing and deleting a probe file; nothing is left behind, not even the folder."""
@@ -32,10 +37,10 @@ def storage_problems(storage: str) -> list[str]:
 
 
 def _uri_storage_problems(storage: str) -> list[str]:
-    import pyarrow.fs
+    from sweep.store import filesystem
 
     try:
-        fs, root = pyarrow.fs.FileSystem.from_uri(storage)
+        fs, root = filesystem(storage)
         probe = f"{root.rstrip('/')}/.reinit-sweep-write-probe-{uuid.uuid4().hex}"
         with fs.open_output_stream(probe) as handle:
             handle.write(b"")

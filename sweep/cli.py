@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from sweep.checks import address_problems, data_dir_problems, gpu_problems, storage_problems
+from sweep.checks import address_problems, cannot_start, data_dir_problems, gpu_problems, storage_problems
 from sweep.experiments import EXPERIMENTS, GridSettings
 from sweep.grid import TrialSpec, data_key
 from sweep.runner import CHECKPOINT_EVERY
@@ -320,7 +320,7 @@ def prepare_data(settings: GridSettings, specs: list[TrialSpec], raw: dict | Non
 
 
 def refuse(problems: list[str]) -> int:
-    print("cannot start the sweep:\n" + "\n".join(f"  - {p}" for p in problems), file=sys.stderr)
+    print(cannot_start(problems), file=sys.stderr)
     return 2
 
 
@@ -379,11 +379,11 @@ def run(todo: list[TrialSpec], settings: GridSettings, args, folder: Path, raw: 
             ray.init(address=args.address, include_dashboard=False, configure_logging=False,
                      runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
         except ConnectionError as err:  # `--address auto` with no cluster running
-            raise SystemExit(f"cannot start the sweep:\n  - --address: {err}") from err
+            raise SystemExit(cannot_start([f"--address: {err}"])) from err
     try:
         problems = gpu_problems(args.gpus_per_trial, ray.cluster_resources())
         if problems:
-            raise SystemExit("cannot start the sweep:\n" + "\n".join(f"  - {p}" for p in problems))
+            raise SystemExit(cannot_start(problems))
         started = time.perf_counter()
         try:
             data = prepare_data(settings, todo, raw)

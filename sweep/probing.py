@@ -15,6 +15,7 @@ import platform
 import time
 from pathlib import Path
 
+from sweep.checks import cannot_start
 from sweep.grid import TrialSpec, data_key
 from sweep.runner import library_versions, result_fields, trial_error
 from sweep.store import write_row
@@ -76,8 +77,8 @@ def check_poolers(groups: list[dict], pretrained: dict) -> None:
         kinds = {p["probe"] for p in group["probes"]} - {"mean-pool"}
         weights = pretrained[group["model_key"]].state_dict
         if kinds and not any(name.startswith("pooler.") for name in weights):
-            raise SystemExit(f"cannot start the sweep:\n  - --probes: '{sorted(kinds)[0]}' reads the pooler, and "
-                             f"model '{group['model_key']}' has none; allowed for it: mean-pool")
+            raise SystemExit(cannot_start([f"--probes: '{sorted(kinds)[0]}' reads the pooler, and model "
+                                           f"'{group['model_key']}' has none; allowed for it: mean-pool"]))
 
 
 def make_probe_row_writer(folder: Path, groups: list[dict]):

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from ray.tune import Callback
 
+from sweep.checks import cannot_start
 from sweep.grid import TrialSpec
 from sweep.runner import library_versions, result_fields, trial_error
 from sweep.store import filesystem, join, parent, write_row
@@ -219,7 +220,7 @@ def run_searches(specs: list[TrialSpec], *, data: dict, pretrained: dict, folder
     num_samples = options.num_samples if options is not None else 8
     problems = [p for p in (check_budget(experiment_dir(tune_dir, s), num_samples) for s in specs) if p]
     if problems:
-        raise SystemExit("cannot start the sweep:\n" + "\n".join(f"  - {p}" for p in problems))
+        raise SystemExit(cannot_start(problems))
     for spec in specs:
         record_budget(experiment_dir(tune_dir, spec), spec, num_samples)
 
