@@ -29,6 +29,10 @@ PRESETS = {
 
 # Layer and head counts of the paper's models, so that `--preset paper --dry-run` counts its grid offline.
 KNOWN_SHAPES = {"bert-base-uncased": (12, 12), "bert-base-cased": (12, 12), "bert-large-uncased": (24, 16)}
+# GLUE's train split sizes (the hub's nyu-mll/glue), so that a dry run of sizes given as --fractions (the
+# probing paper preset: full splits) counts offline too.
+KNOWN_TRAIN_SIZES = {"sst2": 67349, "cola": 8551, "qnli": 104743, "rte": 2490, "mrpc": 3668, "stsb": 5749,
+                     "wnli": 635}
 
 
 def parse_trials(values: list[str]) -> tuple[tuple[int, int], ...]:
@@ -73,7 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="reinit-lr: learning rate of reinitialized layers over the base rate (default 5)")
     grid.add_argument("--intermediate-tasks", nargs="+",
                       help="sequential: tasks finetuned first (default: the same as --tasks)")
-    grid.add_argument("--seed", type=int, default=0, help="base seed; trial i uses seed+i")
+    grid.add_argument("--seed", type=int, default=0,
+                      help="base seed: trial i's subset and model seeds are drawn from (seed, i), so sweeps with "
+                           "different --seed share no subset, weight draw or batch order (default 0)")
     train = p.add_argument_group("finetuning")
     train.add_argument("--epochs", type=int, help="default: 5 for subsets of <=500 examples, else 3")
     train.add_argument("--lr", type=float, default=2e-5)
@@ -81,6 +87,14 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--max-length", type=int, default=128)
     train.add_argument("--weight-decay", type=float, default=0.0)
     train.add_argument("--lr-schedule", choices=["linear", "constant"], default="linear")
+    train.add_argument("--max-grad-norm", type=float, default=1.0,
+                       help="clip each step's gradient to this global norm, as the paper's code (run_glue) did; "
+                            "0: no clipping (default 1.0)")
+    train.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",
+                       help="bf16: bfloat16 autocast; auto: bf16 when trials get a GPU, else fp32 (default auto)")
+    train.add_argument("--eval-every", type=int, default=0, metavar="N",
+                       help="evaluate the dev split every N epochs for per-epoch curves; 0: after the last epoch "
+                            "only, as the paper reports (default 0)")
     train.add_argument("--reinit-mode", choices=["intended", "paper-code"], default="intended",
                        help="intended: the paper's description; paper-code: the original code's quirks")
     train.add_argument("--reinit-pooler", action="store_true", help="also reinitialize the pooler")
@@ -174,6 +188,9 @@ def settings_from_args(args) -> GridSettings:
         max_length=args.max_length,
         weight_decay=args.weight_decay,
         lr_schedule=args.lr_schedule,
+        max_grad_norm=args.max_grad_norm,
+        precision=resolve_precision(args.precision, args.gpus_per_trial),
+        eval_every=args.eval_every,
         reinit_mode=args.reinit_mode,
         reinit_pooler=args.reinit_pooler,
         seed=args.seed,
@@ -193,6 +210,14 @@ def settings_from_args(args) -> GridSettings:
         multiplier_group=args.group or "layer",
         val_fraction=args.val_fraction if args.val_fraction is not None else 0.2,
     )
+
+
+def resolve_precision(precision: str, gpus_per_trial: float) -> str:
+    """`auto`: bf16 where trials get a GPU (tensor cores; the Trainer's usual choice there), fp32 on CPUs,
+    where bf16 autocast is faster only on CPUs with bf16 instructions and the paper's numbers are fp32."""
+    if precision != "auto":
+        return precision
+    return "bf16" if gpus_per_trial > 0 else "fp32"
 
 
 def validate(settings: GridSettings, args, num_layers: int, num_heads: int | None = None) -> list[str]:
@@ -239,6 +264,10 @@ def validate(settings: GridSettings, args, num_layers: int, num_heads: int | Non
         problems.append(f"--lr: {settings.lr} must be a positive finite number")
     if settings.batch_size < 1:
         problems.append(f"--batch-size: {settings.batch_size} must be at least 1")
+    if not 0 <= settings.max_grad_norm < float("inf"):
+        problems.append(f"--max-grad-norm: {settings.max_grad_norm} must be a finite number >= 0 (0: no clipping)")
+    if settings.eval_every < 0:
+        problems.append(f"--eval-every: {settings.eval_every} must be >= 0 (0: after the last epoch only)")
     gpus = args.gpus_per_trial
     if not (0 <= gpus <= 1 or (gpus > 1 and float(gpus).is_integer())):
         problems.append(f"--gpus-per-trial: {gpus} must be a share of one GPU in [0, 1] (e.g. 0.25) or a whole "
@@ -337,8 +366,11 @@ def main(argv: list[str] | None = None) -> int:
     if problems:
         return refuse(problems)
     raw = None
-    if settings.fractions:  # sizes from fractions need each task's train split size
-        raw = load_raw_tasks(settings, dict.fromkeys([*settings.tasks, *(settings.intermediate_tasks or ())]))
+    tasks = list(dict.fromkeys([*settings.tasks, *(settings.intermediate_tasks or ())]))
+    if settings.fractions and args.dry_run and settings.data_dir is None and set(tasks) <= KNOWN_TRAIN_SIZES.keys():
+        settings = dataclasses.replace(settings, train_split_sizes=tuple((t, KNOWN_TRAIN_SIZES[t]) for t in tasks))
+    elif settings.fractions:  # sizes from fractions need each task's train split size
+        raw = load_raw_tasks(settings, tasks)
         settings = dataclasses.replace(
             settings, train_split_sizes=tuple((task, len(data.train)) for task, data in raw.items()))
     specs = EXPERIMENTS[args.experiment].build(settings, num_layers, num_heads)

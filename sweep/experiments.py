@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
+import numpy as np
+
 from sweep.grid import TrialSpec
 from trainables.ablations import HeadReinit, Permute, Reinit
 from trainables.finetune import default_epochs
@@ -27,9 +29,12 @@ class GridSettings:
     max_length: int = 128
     weight_decay: float = 0.0
     lr_schedule: str = "linear"
+    max_grad_norm: float = 1.0  # 0: no clipping
+    precision: str = "fp32"
+    eval_every: int = 0  # 0: the dev split after the last epoch only
     reinit_mode: str = "intended"
     reinit_pooler: bool = False
-    seed: int = 0  # base of every trial's seeds
+    seed: int = 0  # base of every trial's seeds (trial_seeds)
     # Options of particular experiments.
     block_size: int = 3  # localized: consecutive layers per block
     layers: tuple[int, ...] | None = None  # single-layer, heads: which layers (1-based); None: all
@@ -85,12 +90,25 @@ class GridSettings:
         return Reinit(layers=tuple(layers), mode=self.reinit_mode, reinit_pooler=self.reinit_pooler, **options)
 
 
+TRIAL_SEED_STREAM = 0x7121A1  # keeps trial seeds apart from every other use of the same base seed
+
+
+def trial_seeds(base_seed: int, trial_index: int) -> tuple[int, int]:
+    """(subset_seed, seed) of a trial index: drawn from SeedSequence(base seed, trial index), so every
+    condition of one index shares them (the paired design) while two base seeds share no subset, no weight
+    draw and no batch order (with base + index, `--seed 1` repeated trials 1..n-1 of `--seed 0`)."""
+    # 32 bits: what every consumer takes (numpy's legacy RandomState inside Optuna's sampler stops there).
+    state = np.random.SeedSequence([TRIAL_SEED_STREAM, int(base_seed), int(trial_index)]).generate_state(2, np.uint32)
+    return int(state[0]), int(state[1])
+
+
 def trial(settings: GridSettings, experiment: str, task: str, size: int, trial_index: int, ablation,
           labels: dict | None = None, **extra):
     """A trial with the settings' common fields; the trial index alone sets both seeds, so every condition
     of one index trains on the same subset with the same head and batch order (a paired design). `labels`
     are the experiment's own row columns."""
     labels = dict(labels or {})
+    subset_seed, seed = trial_seeds(settings.seed, trial_index)
     fraction = settings.fraction_of(task, size)
     if fraction is not None:
         labels["train_fraction"] = fraction
@@ -101,8 +119,8 @@ def trial(settings: GridSettings, experiment: str, task: str, size: int, trial_i
         data_source=settings.source_for(task),
         train_size=size,
         trial_index=trial_index,
-        subset_seed=settings.seed + trial_index,
-        seed=settings.seed + trial_index,
+        subset_seed=subset_seed,
+        seed=seed,
         ablation=ablation,
         epochs=settings.epochs or default_epochs(size),
         lr=settings.lr,
@@ -110,6 +128,9 @@ def trial(settings: GridSettings, experiment: str, task: str, size: int, trial_i
         max_length=settings.max_length,
         weight_decay=settings.weight_decay,
         lr_schedule=settings.lr_schedule,
+        max_grad_norm=settings.max_grad_norm,
+        precision=settings.precision,
+        eval_every=settings.eval_every,
         labels=tuple(labels.items()),
         **extra,
     )
@@ -273,8 +294,10 @@ EXPERIMENTS: dict[str, Experiment] = {
                                 "demo": dict(trials=["1"], layers=[1, 6], heads=[0, 6])}),
     # From the course reports: the SST-2/CoLA/QNLI matrix at 5k, 3 trials.
     "sequential": Experiment(sequential, {"paper": dict(_PAPER_5K, trials=["3"])}),
-    # Paper appendix: 8 trials per layer, on the subsets of the incremental grid (500/5k/50k, no CoLA 50k).
-    "probing": Experiment(probing, {"paper": dict(trials=["8"]), "demo": dict(trials=["2"])},
+    # Paper appendix E and the original scripts: probes train on each task's full training split, 8 trials
+    # per layer (they differ in the held-out carve, the head's draw, dropout and batch order).
+    "probing": Experiment(probing, {"paper": dict(sizes=[], fractions=[1.0], trials=["8"], skip=frozenset()),
+                                    "demo": dict(trials=["2"])},
                           runner="sweep.probing:run_probing"),
     # Ours (the paper only tried 5x): one study per incremental cell at 500 examples; demo: two cells.
     "lr-multipliers": Experiment(lr_multipliers, {"paper": dict(sizes=[500], trials=["1"], skip=frozenset()),

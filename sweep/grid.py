@@ -25,6 +25,10 @@ class TrialSpec:
     max_length: int
     weight_decay: float
     lr_schedule: str
+    max_grad_norm: float = 1.0  # 0: no clipping
+    precision: str = "fp32"
+    recipe_version: int = 2  # trainables.finetune.RECIPE_VERSION: trials of another recipe are other trials
+    eval_every: int = 0  # how often the dev split is evaluated: changes no number a trial computes, so no identity
     k: int | None = None  # incremental experiments: layers 1..k kept
     # Fields added after the first sweeps ran: they join a trial's identity only when set, so the ids of
     # trials that do not use them stay what they were.
@@ -35,7 +39,7 @@ class TrialSpec:
     def identity(self) -> dict:
         """Every field that changes what the trial computes; two specs with the same identity are the same
         trial, so a rerun can recognise it as done."""
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "ablation"}
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in NOT_IDENTITY}
         for name in OPTIONAL_IDENTITY:
             if fields[name] in (None, ()):
                 del fields[name]
@@ -69,6 +73,10 @@ class TrialSpec:
             "max_length": self.max_length,
             "weight_decay": self.weight_decay,
             "lr_schedule": self.lr_schedule,
+            "max_grad_norm": self.max_grad_norm,
+            "precision": self.precision,
+            "recipe_version": self.recipe_version,
+            "eval_every": self.eval_every,
         }
         if self.lr_multiplier is not None:
             row["lr_multiplier"] = self.lr_multiplier
@@ -95,6 +103,9 @@ class TrialSpec:
                 "batch_size": self.batch_size,
                 "weight_decay": self.weight_decay,
                 "lr_schedule": self.lr_schedule,
+                "max_grad_norm": self.max_grad_norm,
+                "eval_every": self.eval_every,
+                "precision": self.precision,
             },
             "ablation": ablation_to_dict(self.ablation),
             "row": self.row(),
@@ -112,6 +123,7 @@ class TrialSpec:
 
 
 OPTIONAL_IDENTITY = ("lr_multiplier", "intermediate_task", "labels")
+NOT_IDENTITY = ("ablation", "eval_every")  # the ablation joins as its dict; eval_every changes no number
 
 
 def data_key(task: str, max_length: int) -> str:

@@ -47,7 +47,7 @@ def test_tokenized_once_into_flat_arrays(synthetic):
 
 
 def test_reports_every_epoch_and_is_deterministic(pretrained, synthetic):
-    cfg = FinetuneConfig(task="synthetic", train_size=48, subset_seed=1, seed=1, epochs=2,
+    cfg = FinetuneConfig(task="synthetic", train_size=48, subset_seed=1, seed=1, epochs=2, eval_every=1,
                          ablation=Reinit(layers=(3, 4)))
     reports = []
     first = finetune(cfg, synthetic, pretrained, report=reports.append)

@@ -2,9 +2,11 @@
 
 The loop reads top to bottom: build the model from the shared pretrained weights, apply the ablation,
 optionally finetune on an intermediate task first (sequential finetuning), train for a few epochs on the
-subset, evaluate on the full validation split after every epoch, and hand each epoch's figures to `report`.
-The last report also says how far each layer's weights moved from where finetuning started (after the
-surgery). Ray Tune only wraps it (trainables.tune_trainable).
+subset with the paper's recipe (Hugging Face run_glue of its time: AdamW, linear decay without warmup,
+gradients clipped at norm 1.0, weight decay on weights only), evaluate on the full validation split after the
+last epoch (or every `eval_every` epochs), and hand each epoch's figures to `report`. The last report also
+says how far each layer's weights moved from where finetuning of the final task started (after the surgery).
+Ray Tune only wraps it (trainables.tune_trainable).
 """
 from __future__ import annotations
 
@@ -21,9 +23,14 @@ from trainables.ablations import Reinit, apply_ablation, reinitialized_layers
 from trainables.cost import cost_fields, non_embedding_params, peak_flops, sequence_flops
 from trainables.data import TokenizedSplit, TokenizedTask, collate, draw_subset, eval_batches, train_batches
 from trainables.metrics import compute_metrics
-from trainables.models import Pretrained, build_classifier, layer_stack
+from trainables.models import Pretrained, build_classifier, layer_stack, pooler
 
 LR_SCHEDULES = ("linear", "constant")
+PRECISIONS = ("fp32", "bf16")
+# Rows of this recipe say so (docs/results-schema.md): 2 = gradient clipping, weight decay on weights only,
+# a reinitialized pooler in the reinitialized group, seeds drawn from (base seed, trial index), sequential
+# weight change from the final task's start. Rows without the column were written by recipe 1.
+RECIPE_VERSION = 2
 
 
 def default_epochs(train_size: int) -> int:
@@ -49,6 +56,9 @@ class FinetuneConfig:
     batch_size: int = 8
     weight_decay: float = 0.0
     lr_schedule: str = "linear"
+    max_grad_norm: float = 1.0  # clip each step's gradient to this global norm, as run_glue did; 0: no clipping
+    eval_every: int = 0  # evaluate the dev split every N epochs; 0: after the last epoch only (the paper's)
+    precision: str = "fp32"  # "bf16": bfloat16 autocast on the trial's device
     eval_batch_size: int = 128
     gpu_fraction: float = 0.0  # the share of a GPU Ray gave this trial; 0 = CPU
     threads: int = 1  # CPU threads for torch
@@ -58,6 +68,12 @@ class FinetuneConfig:
             object.__setattr__(self, "epochs", default_epochs(self.train_size))
         if self.lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"lr_schedule '{self.lr_schedule}' is not one of {', '.join(LR_SCHEDULES)}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision '{self.precision}' is not one of {', '.join(PRECISIONS)}")
+        if not 0 <= self.max_grad_norm < math.inf:
+            raise ValueError(f"max_grad_norm {self.max_grad_norm} must be a finite number >= 0 (0: no clipping)")
+        if self.eval_every < 0:
+            raise ValueError(f"eval_every {self.eval_every} must be >= 0 (0: after the last epoch only)")
         if not self.lr_multiplier > 0:
             raise ValueError(f"lr_multiplier {self.lr_multiplier} must be positive")
         if self.layer_lr_multipliers is not None:
@@ -72,11 +88,15 @@ class FinetuneConfig:
                              f"(train_size={self.train_size})")
 
 
-def param_groups(model: torch.nn.Module, reinit_layers, lr: float, multiplier: float) -> list[dict]:
-    """Optimizer groups: the reinitialized layers' parameters at lr * multiplier, every other parameter at lr.
-    Every parameter of the model is in exactly one group (the original code left one layer out)."""
+def param_groups(model: torch.nn.Module, reinit_layers, lr: float, multiplier: float,
+                 reinit_pooler: bool = False) -> list[dict]:
+    """Optimizer groups: the reinitialized layers' parameters (and a reinitialized pooler's) at lr * multiplier,
+    every other parameter at lr. Every parameter of the model is in exactly one group (the original code left
+    one layer out)."""
     stack = layer_stack(model)
     fast = {id(p) for i in reinit_layers for p in stack[i - 1].parameters()}
+    if reinit_pooler and pooler(model) is not None:  # fresh weights, like the reinitialized layers'
+        fast |= {id(p) for p in pooler(model).parameters()}
     groups = [
         {"name": "base", "params": [p for p in model.parameters() if id(p) not in fast], "lr": lr},
         {"name": "reinit", "params": [p for p in model.parameters() if id(p) in fast], "lr": lr * multiplier},
@@ -95,6 +115,28 @@ def layer_param_groups(model: torch.nn.Module, lr: float, multipliers) -> list[d
     groups += [{"name": f"layer_{i}", "params": list(layer.parameters()), "lr": lr * m}
                for i, (layer, m) in enumerate(zip(stack, multipliers), start=1)]
     return groups
+
+
+def not_decayed(model: torch.nn.Module) -> set[int]:
+    """Ids of the parameters weight decay must skip: biases and LayerNorm weights (as run_glue and the
+    Trainer do); embeddings and every other weight matrix are decayed."""
+    skip = {id(p) for m in model.modules() if isinstance(m, torch.nn.LayerNorm) for p in m.parameters(recurse=False)}
+    return skip | {id(p) for name, p in model.named_parameters() if name.endswith("bias")}
+
+
+def with_weight_decay(groups: list[dict], model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """Each learning-rate group split into its decayed part and its `<name>/no-decay` part. Without weight
+    decay nothing is split: the groups (and the optimizer's state layout) stay as they are."""
+    if weight_decay == 0:
+        return [{**g, "weight_decay": 0.0} for g in groups]
+    skip = not_decayed(model)
+    split = []
+    for group in groups:
+        decayed = [p for p in group["params"] if id(p) not in skip]
+        kept = [p for p in group["params"] if id(p) in skip]
+        split += [{**group, "params": decayed, "weight_decay": weight_decay}] if decayed else []
+        split += [{**group, "name": f"{group['name']}/no-decay", "params": kept, "weight_decay": 0.0}] if kept else []
+    return split
 
 
 def hold_out(rows: np.ndarray, val_size: int, subset_seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -142,13 +184,34 @@ def pick_device(gpu_fraction: float) -> torch.device:
     return torch.device("cpu")
 
 
-def evaluate(model, split, metric_task: str, batch_size: int, device, pad_id: int, autocast) -> dict:
+@dataclasses.dataclass(frozen=True)
+class Compute:
+    """Where and how a trial computes: its device, its precision, the tokenizer's padding id, and the model's
+    shape for counting FLOPs (non-embedding parameters, layers, hidden size)."""
+
+    device: torch.device
+    precision: str
+    pad_id: int
+    shape: tuple[int, int, int]
+
+    def autocast(self):
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16")
+
+    def flops(self, lengths, train: bool) -> float:
+        return sequence_flops(lengths, *self.shape, train=train)
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+
+def evaluate(model, split, metric_task: str, batch_size: int, compute: Compute) -> dict:
     model.eval()
     preds = []
     batches = eval_batches(split, batch_size)
-    with torch.inference_mode(), autocast():
+    with torch.inference_mode(), compute.autocast():
         for rows in batches:
-            batch = {k: v.to(device) for k, v in collate(split, rows, pad_id).items() if k != "labels"}
+            batch = {k: v.to(compute.device) for k, v in collate(split, rows, compute.pad_id).items() if k != "labels"}
             logits = model(**batch).logits.float()
             preds.append((logits.squeeze(-1) if logits.shape[-1] == 1 else logits.argmax(-1)).cpu().numpy())
     order = np.concatenate(batches)
@@ -158,37 +221,49 @@ def evaluate(model, split, metric_task: str, batch_size: int, device, pad_id: in
 
 
 def make_optimizer(model, cfg: FinetuneConfig, rows: np.ndarray):
-    """AdamW over every parameter (reinitialized layers at lr * lr_multiplier) and its lr schedule."""
+    """AdamW over every parameter (reinitialized layers at lr * lr_multiplier; weight decay on weights only)
+    and its lr schedule: linear decay to 0 without warmup, or constant."""
     total_steps = math.ceil(len(rows) / cfg.batch_size) * cfg.epochs
     if cfg.layer_lr_multipliers is not None:
         groups = layer_param_groups(model, cfg.lr, cfg.layer_lr_multipliers)
     else:
-        groups = param_groups(model, reinitialized_layers(cfg.ablation), cfg.lr, cfg.lr_multiplier)
-    optimizer = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=True)
+        groups = param_groups(model, reinitialized_layers(cfg.ablation), cfg.lr, cfg.lr_multiplier,
+                              reinit_pooler=getattr(cfg.ablation, "reinit_pooler", False))
+    groups = with_weight_decay(groups, model, cfg.weight_decay)
+    optimizer = torch.optim.AdamW(groups, lr=cfg.lr, fused=True)
     schedule = (lambda s: 1.0 - s / total_steps) if cfg.lr_schedule == "linear" else (lambda s: 1.0)
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
 
 
-def train_epoch(model, data: TokenizedTask, rows, cfg, optimizer, scheduler, rng, device, autocast, pad_id, shape):
-    """One pass over the subset in a seeded batch order; returns (mean training loss, model FLOPs)."""
+@dataclasses.dataclass
+class EpochStats:
+    loss: float  # mean training loss
+    flops: float
+    clipped_steps: int  # steps whose gradient norm exceeded max_grad_norm and was cut to it
+
+
+def train_epoch(model, split: TokenizedSplit, rows, cfg: FinetuneConfig, optimizer, scheduler, rng,
+                compute: Compute) -> EpochStats:
+    """One pass over the subset in a seeded batch order."""
     model.train()
-    losses, flops = [], 0.0
+    losses, flops, clipped = [], 0.0, torch.zeros((), dtype=torch.long)
+    regression = getattr(model.config, "problem_type", None) == "regression"
     for batch_rows in train_batches(rows, cfg.batch_size, rng):
-        batch = {k: v.to(device, non_blocking=True) for k, v in collate(data.train, batch_rows, pad_id).items()}
+        batch = {k: v.to(compute.device, non_blocking=True) for k, v in collate(split, batch_rows, compute.pad_id).items()}
         labels = batch.pop("labels")
-        with autocast():
+        with compute.autocast():
             logits = model(**batch).logits.float()
-        if data.num_labels == 1:
-            loss = F.mse_loss(logits.squeeze(-1), labels.float())
-        else:
-            loss = F.cross_entropy(logits, labels)
+        loss = F.mse_loss(logits.squeeze(-1), labels.float()) if regression else F.cross_entropy(logits, labels)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        if cfg.max_grad_norm > 0:
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+            clipped += (norm > cfg.max_grad_norm).cpu()  # counted without a sync per step on GPUs
         optimizer.step()
         scheduler.step()
         losses.append(loss.detach())
-        flops += sequence_flops(data.train.lengths[batch_rows], *shape, train=True)
-    return float(torch.stack(losses).mean()), flops
+        flops += compute.flops(split.lengths[batch_rows], train=True)
+    return EpochStats(float(torch.stack(losses).mean()), flops, int(clipped))
 
 
 def training_state(epoch: int, model, optimizer, scheduler, rng, by_epoch, val_by_epoch, **counters) -> dict:
@@ -205,7 +280,7 @@ def training_state(epoch: int, model, optimizer, scheduler, rng, by_epoch, val_b
         "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
         "by_epoch": list(by_epoch),
         "val_by_epoch": list(val_by_epoch),
-        **counters,  # flops, train_seconds, eval_seconds, wall_seconds so far
+        **counters,  # flops, train_seconds, eval_seconds, wall_seconds, clipped_steps so far
     }
 
 
@@ -220,6 +295,34 @@ def load_training_state(state: dict, model, optimizer, scheduler, rng) -> int:
     if torch.cuda.is_available() and len(state["cuda_rng"]) == torch.cuda.device_count():
         torch.cuda.set_rng_state_all(state["cuda_rng"])
     return int(state["epoch"])
+
+
+def evaluated_at(epoch: int, cfg: FinetuneConfig) -> bool:
+    """Whether the dev split is evaluated after `epoch`: the last epoch always, and every `eval_every`-th."""
+    return epoch == cfg.epochs or (cfg.eval_every > 0 and epoch % cfg.eval_every == 0)
+
+
+def finetune_intermediate(model, cfg: FinetuneConfig, intermediate: TokenizedTask, pretrained: Pretrained,
+                          compute: Compute) -> tuple[float, float, list[float]]:
+    """Sequential finetuning's first phase: the whole recipe on the intermediate task (its own subset of the
+    same size, its own head), then its encoder goes on in `model`, under the final task's fresh head.
+    Returns (FLOPs, seconds, the per-layer weight change of this phase)."""
+    if intermediate is None or intermediate.task != cfg.intermediate_task:
+        raise ValueError(f"intermediate_task '{cfg.intermediate_task}' needs its tokenized data")
+    first = build_classifier(pretrained, intermediate.num_labels, cfg.seed)
+    first.base_model.load_state_dict(model.base_model.state_dict())
+    first.to(compute.device)
+    start = layer_weights(first)
+    rows = draw_subset(len(intermediate.train), cfg.train_size, cfg.subset_seed)
+    optimizer, scheduler = make_optimizer(first, cfg, rows)
+    rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 2]))
+    torch.manual_seed(cfg.seed)
+    tick, flops = time.perf_counter(), 0.0
+    for _ in range(cfg.epochs):
+        flops += train_epoch(first, intermediate.train, rows, cfg, optimizer, scheduler, rng, compute).flops
+    seconds = time.perf_counter() - tick
+    model.base_model.load_state_dict(first.base_model.state_dict())
+    return flops, seconds, weight_distance(start, first)
 
 
 def finetune(
@@ -237,38 +340,17 @@ def finetune(
     (`training_state`) from which `resume=` continues the run exactly as if it had never stopped."""
     started = time.perf_counter()
     torch.set_num_threads(max(1, cfg.threads))
-    device = pick_device(cfg.gpu_fraction)
-    autocast = lambda: torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")  # noqa: E731
-
     model = build_classifier(pretrained, data.num_labels, cfg.seed)
     apply_ablation(cfg.ablation, model, cfg.seed)
-    start_weights = layer_weights(model)  # weight change is measured from here: after the surgery
-    pad_id = int(pretrained.config.pad_token_id or 0)
-    n_params = non_embedding_params(model)
-    num_layers, hidden = len(layer_stack(model)), int(pretrained.config.hidden_size)
+    compute = Compute(pick_device(cfg.gpu_fraction), cfg.precision, int(pretrained.config.pad_token_id or 0),
+                      (non_embedding_params(model), len(layer_stack(model)), int(pretrained.config.hidden_size)))
     flops = train_seconds = eval_seconds = 0.0
-
+    clipped_steps, phase_one = 0, {}
     if cfg.intermediate_task is not None and resume is None:  # a saved state is past the intermediate task
-        # Sequential finetuning: the whole recipe on the intermediate task (its own subset of the same size,
-        # its own head), then its encoder goes on under a fresh head for the final task.
-        if intermediate is None or intermediate.task != cfg.intermediate_task:
-            raise ValueError(f"intermediate_task '{cfg.intermediate_task}' needs its tokenized data")
-        first = build_classifier(pretrained, intermediate.num_labels, cfg.seed)
-        first.base_model.load_state_dict(model.base_model.state_dict())
-        first.to(device)
-        first_rows = draw_subset(len(intermediate.train), cfg.train_size, cfg.subset_seed)
-        optimizer, scheduler = make_optimizer(first, cfg, first_rows)
-        rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 2]))
-        torch.manual_seed(cfg.seed)
-        tick = time.perf_counter()
-        for _ in range(cfg.epochs):
-            _, epoch_flops = train_epoch(first, intermediate, first_rows, cfg, optimizer, scheduler, rng, device,
-                                         autocast, pad_id, (n_params, num_layers, hidden))
-            flops += epoch_flops
-        train_seconds += time.perf_counter() - tick  # the intermediate task's training counts as training
-        model.base_model.load_state_dict(first.base_model.state_dict())
-        del first, optimizer, scheduler
-    model.to(device)
+        flops, train_seconds, moved = finetune_intermediate(model, cfg, intermediate, pretrained, compute)
+        phase_one = {"intermediate_weight_distance": moved}
+    model.to(compute.device)
+    start_weights = layer_weights(model)  # weight change is measured from here: the final task's start
 
     rows = draw_subset(len(data.train), cfg.train_size, cfg.subset_seed)
     rows, held = hold_out(rows, cfg.val_size, cfg.subset_seed)
@@ -278,8 +360,8 @@ def finetune(
     rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 1]))  # batch order, independent of the subset
     optimizer, scheduler = make_optimizer(model, cfg, rows)
 
-    peak_flops(str(device))  # a CPU peak is measured now (then cached), outside every timed stretch
-    by_epoch: list[float] = []
+    peak_flops(str(compute.device))  # a CPU peak is measured now (then cached), outside every timed stretch
+    by_epoch: list[float] = []  # the dev metric per epoch; nan where the dev split was not evaluated
     result: dict = {}
     status = "ok"
     torch.manual_seed(cfg.seed)  # dropout draws from the global stream: start it at the same place every run
@@ -288,56 +370,62 @@ def finetune(
         resumed_from = load_training_state(resume, model, optimizer, scheduler, rng)
         by_epoch, val_by_epoch = list(resume["by_epoch"]), list(resume["val_by_epoch"])
         flops, train_seconds, eval_seconds = resume["flops"], resume["train_seconds"], resume["eval_seconds"]
+        clipped_steps, phase_one = resume.get("clipped_steps", 0), resume.get("phase_one", {})
         started -= resume["wall_seconds"]
     for epoch in range(resumed_from + 1, cfg.epochs + 1):
         tick = time.perf_counter()
-        train_loss, epoch_flops = train_epoch(model, data, rows, cfg, optimizer, scheduler, rng, device, autocast,
-                                              pad_id, (n_params, num_layers, hidden))
-        flops += epoch_flops
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+        stats = train_epoch(model, data.train, rows, cfg, optimizer, scheduler, rng, compute)
+        flops, clipped_steps = flops + stats.flops, clipped_steps + stats.clipped_steps
+        compute.synchronize()
         train_seconds += time.perf_counter() - tick
-        if not math.isfinite(train_loss):
-            status = "diverged"
+        if not math.isfinite(stats.loss):
+            status = "diverged"  # its dev metric would mean nothing: not evaluated
 
+        metrics = {}
         tick = time.perf_counter()
-        metrics = evaluate(model, data.validation, data.task, cfg.eval_batch_size, device, pad_id, autocast)
-        eval_seconds += time.perf_counter() - tick
-        flops += sequence_flops(data.validation.lengths, n_params, num_layers, hidden, train=False)
-        by_epoch.append(float(metrics[data.metric]))
-        if held_split is not None:  # the search's objective, on the held-out part of the training subset
-            tick = time.perf_counter()
-            val = evaluate(model, held_split, data.task, cfg.eval_batch_size, device, pad_id, autocast)
-            eval_seconds += time.perf_counter() - tick
-            flops += sequence_flops(held_split.lengths, n_params, num_layers, hidden, train=False)
+        if status == "ok" and evaluated_at(epoch, cfg):
+            metrics = evaluate(model, data.validation, data.task, cfg.eval_batch_size, compute)
+            flops += compute.flops(data.validation.lengths, train=False)
+        by_epoch.append(float(metrics[data.metric]) if metrics else math.nan)
+        if held_split is not None:  # the search's objective: every epoch, for ASHA (which needs it in every report)
+            val = evaluate(model, held_split, data.task, cfg.eval_batch_size, compute)
+            flops += compute.flops(held_split.lengths, train=False)
             val_by_epoch.append(float(val[data.metric]))
+        eval_seconds += time.perf_counter() - tick
 
         result = {
             "status": status,
             "epoch": epoch,
             "epochs": cfg.epochs,
-            "train_loss": train_loss,
+            "train_loss": stats.loss,
             "lr_last": float(scheduler.get_last_lr()[0]),
             "metric_name": data.metric,
-            "dev_metric": by_epoch[-1],
+            **({"dev_metric": by_epoch[-1]} if metrics else {}),
             "dev_metrics_by_epoch": list(by_epoch),
             **{f"dev_{name}": float(value) for name, value in metrics.items()},
+            "max_grad_norm": cfg.max_grad_norm,
+            "clipped_steps": clipped_steps,
+            "eval_every": cfg.eval_every,
+            "precision": cfg.precision,
+            "recipe_version": RECIPE_VERSION,
             "train_seconds": train_seconds,
             "eval_seconds": eval_seconds,
             "wall_seconds": time.perf_counter() - started,
-            **cost_fields(flops, train_seconds + eval_seconds, device),
+            **cost_fields(flops, train_seconds + eval_seconds, compute.device),
+            **phase_one,
         }
         if held_split is not None:
             result.update(val_metric=val_by_epoch[-1], val_metrics_by_epoch=list(val_by_epoch), val_size=len(held))
         if cfg.layer_lr_multipliers is not None:  # what the optimizer really got, layers 1..L
-            result["layer_lrs"] = [g["initial_lr"] for g in optimizer.param_groups if g["name"].startswith("layer_")]
+            result["layer_lrs"] = [g["initial_lr"] for g in optimizer.param_groups
+                                   if g["name"].startswith("layer_") and not g["name"].endswith("/no-decay")]
         if epoch == cfg.epochs or status != "ok":
             result["weight_distance"] = weight_distance(start_weights, model)
         result["resumed_from_epoch"] = resumed_from
         if save is not None and epoch < cfg.epochs and status == "ok":
             save(training_state(epoch, model, optimizer, scheduler, rng, by_epoch, val_by_epoch, flops=flops,
-                                train_seconds=train_seconds, eval_seconds=eval_seconds,
-                                wall_seconds=time.perf_counter() - started))
+                                train_seconds=train_seconds, eval_seconds=eval_seconds, clipped_steps=clipped_steps,
+                                phase_one=phase_one, wall_seconds=time.perf_counter() - started))
         if report is not None:
             report(result)
         if status != "ok":
