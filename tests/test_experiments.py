@@ -2,6 +2,8 @@
 tiny model writing correct rows."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from analysis.results import read_results
@@ -19,7 +21,7 @@ PAPER_COUNTS = {
     "heads": "total: 1,305 trials",  # 3 tasks x (12 layers x 12 heads + the no-reset baseline) x 3 trials
     "sequential": "total: 27 trials",  # 3 final x 3 intermediate (diagonal: direct) x 3 trials at 5k
     "lr-multipliers": "total: 39 trials",  # cells: 3 tasks x 13 k at 500, 1 trial index; a study per cell
-    "probing": "total: 832 trials",  # 8 task x size cells (no CoLA 50k) x 13 layers (0..12) x 8 trials
+    "probing": "total: 312 trials",  # the paper's full training splits: 3 tasks x 13 layers (0..12) x 8 trials
 }
 
 
@@ -56,11 +58,15 @@ def settings(**options):
 
 
 def test_incremental_ids_are_unchanged_by_the_new_fields():
-    # Computed with the code before issue 3: a widened schema must not make done trials look new.
+    # Computed with recipe 2 (issue 14), which renewed every id on purpose (clipping, decay groups and trial
+    # seeds change every number, so a recipe-1 row is another trial). Optional fields added since must not
+    # make done trials look new.
     s = GridSettings(model="bert-base-uncased", tasks=("sst2",), sizes=(500,), trials=((0, 2),), k=(0, 12))
     assert [x.trial_id for x in incremental(s, 12)] == [
-        "incremental-sst2-n500-k0-t0-87c4359470", "incremental-sst2-n500-k12-t0-35eb403b09",
-        "incremental-sst2-n500-k0-t1-89027e0800", "incremental-sst2-n500-k12-t1-e110d78bb8"]
+        "incremental-sst2-n500-k0-t0-a21dd0bd02", "incremental-sst2-n500-k12-t0-6937124c60",
+        "incremental-sst2-n500-k0-t1-b4fff5147f", "incremental-sst2-n500-k12-t1-6d06f3224a"]
+    old = dataclasses.replace(incremental(s, 12)[0], recipe_version=1)
+    assert old.trial_id != incremental(s, 12)[0].trial_id
 
 
 @pytest.mark.parametrize("experiment", sorted(EXPERIMENTS))
