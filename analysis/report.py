@@ -118,7 +118,7 @@ def build_report(results, out, *, latex: bool = False, formats=("png", "pdf"), c
     out = Path(out)
     (out / "tables").mkdir(parents=True, exist_ok=True)
     (out / "figures").mkdir(parents=True, exist_ok=True)
-    raw = read_results(results)
+    raw = read_results(results)  # the store is read once, for every table and figure
     rows = prepare(raw)
     command = command or " ".join(["python -m analysis report", shlex.quote(str(results)), "--out",
                                    shlex.quote(str(out))] + (["--latex"] if latex else []))
@@ -170,9 +170,10 @@ def _header(results, raw: pd.DataFrame, rows: pd.DataFrame) -> list[str]:
         lines.append(f"Left out of every mean, interval and figure: {counts.get('diverged', 0)} diverged and "
                      f"{left - counts.get('diverged', 0)} failed trials; each table counts them per condition "
                      "(`excluded`).")
-    if len(raw) > len(rows):
-        lines.append(f"{len(raw) - len(rows)} rows repeated a trial_id already read (the same trial in two "
-                     "folders) and were counted once.")
+    repeated = raw.attrs.get("repeated_rows", 0)
+    if repeated:
+        lines.append(f"{repeated} rows repeated a trial_id already read (the same trial in two folders, or "
+                     "run again after it failed) and were counted once.")
     if "experiment" in rows.columns and len(rows):
         counts = rows["experiment"].value_counts().sort_index()
         lines.append("Experiments: " + ", ".join(f"{e} ({n})" for e, n in counts.items()) + ".")
