@@ -113,12 +113,13 @@ def readable_table(spec: TableSpec, table: pd.DataFrame) -> pd.DataFrame:
 
 
 def build_report(results, out, *, latex: bool = False, formats=("png", "pdf"), command: str | None = None,
-                 dpi: int = 150) -> Report:
-    """Write the report of the rows under `results` into `out`; returns what it wrote."""
+                 dpi: int = 150, raw: pd.DataFrame | None = None) -> Report:
+    """Write the report of the rows under `results` into `out` (`raw`: those rows, when already read);
+    returns what it wrote."""
     out = Path(out)
     (out / "tables").mkdir(parents=True, exist_ok=True)
     (out / "figures").mkdir(parents=True, exist_ok=True)
-    raw = read_results(results)  # the store is read once, for every table and figure
+    raw = read_results(results) if raw is None else raw  # the store is read once, for every table and figure
     rows = prepare(raw)
     command = command or " ".join(["python -m analysis report", shlex.quote(str(results)), "--out",
                                    shlex.quote(str(out))] + (["--latex"] if latex else []))

@@ -30,12 +30,13 @@ def search_rows(rows: pd.DataFrame) -> pd.DataFrame:
     picked = rows[rows["experiment"] == "lr-multipliers"].copy()
     defaults = {"cell": picked.get("trial_id"), "sample": np.arange(len(picked)), "group": "layer", "k": pd.NA,
                 "val_objective": np.nan, "val_metrics_by_epoch": None, "dev_metric": np.nan}
+    # A column every row leaves null is one the rows were written before (the schema holds every column).
     for column, value in defaults.items():
-        if column not in picked.columns:
+        if column not in picked.columns or picked[column].isna().all():
             picked[column] = value
     spread = picked["multipliers"].map(lambda v: as_list(v) or [np.nan])
     for column, edge in (("multiplier_low", min), ("multiplier_high", max)):
-        if column not in picked.columns:
+        if column not in picked.columns or picked[column].isna().all():
             picked[column] = spread.map(edge).groupby(picked["cell"]).transform(edge)
     return picked
 

@@ -15,15 +15,14 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-# Columns that identify a condition in every experiment (everything a trial index is paired across).
-CONDITION_COLUMNS = ["experiment", "task", "model", "train_size", "k", "reinit_mode", "metric_name"]
-# Columns that identify a condition in some experiments; used when the rows carry them.
-EXTRA_CONDITION_COLUMNS = [
-    "lr_multiplier", "block_mode", "block_start", "block_size", "layer", "head", "probe", "intermediate_task",
-    "cell", "keep_layernorm", "reinit_pooler",
-]  # fmt: skip
-# Shown only where they vary: every row carries them, and they are constant in most sweeps.
-QUIET_COLUMNS = ("keep_layernorm", "reinit_pooler")
+from analysis.schema import settings
+
+# Columns a condition table always shows first, when the rows carry them.
+LEADING_COLUMNS = ["experiment", "task", "model", "train_size"]
+# Settings that other settings usually imply (reinit_layers by k or a block, a task file's labels by the
+# file): left out of a table's columns when they split nothing further.
+DERIVED = ("reinit_layers", "permutation", "multipliers", "label_names", "text_columns", "label_column",
+           "data_source", "model_type")
 
 ONE_TRIAL = "one trial: no interval"
 NO_TRIAL = "no finished trial"
@@ -59,11 +58,14 @@ def describe(values, confidence: float = 0.95) -> dict:
     }
 
 
-def summarize(rows: pd.DataFrame, by: list[str], value: str = "dev_metric", confidence: float = 0.95):
-    """One row per combination of `by` present in `rows`: `describe` of `value` over the finished trials,
-    plus how many trials were left out (`excluded` = `diverged` + `failed`; a finished trial without a
-    value counts as failed)."""
+def summarize(rows: pd.DataFrame, by: list[str], value: str = "dev_metric", confidence: float = 0.95,
+              pooled=()):
+    """One row per condition: per combination of `by` present in `rows`, split further by every setting
+    that varies within it (`split_settings`; so two settings are never pooled by accident) except those
+    named in `pooled`: `describe` of `value` over the finished trials, plus how many trials were left out
+    (`excluded` = `diverged` + `failed`; a finished trial without a value counts as failed)."""
     by = [c for c in by if c in rows.columns]
+    by += split_settings(rows, by, pooled)
     columns = [*by, "n", "excluded", "diverged", "failed", "mean", "std", "ci95_low", "ci95_high",
                "mean_minus_2std", "mean_plus_2std", "note"]
     if rows.empty or value not in rows.columns:
@@ -71,7 +73,7 @@ def summarize(rows: pd.DataFrame, by: list[str], value: str = "dev_metric", conf
     values = pd.to_numeric(rows[value], errors="coerce")
     usable = (rows["status"] == "ok") & values.notna()
     records = []
-    groups = rows.groupby(by, dropna=False, sort=True) if by else [((), rows)]
+    groups = rows.groupby(by, dropna=False, sort=False) if by else [((), rows)]
     for key, group in groups:
         key = key if isinstance(key, tuple) else (key,)
         good = usable.loc[group.index]
@@ -83,23 +85,67 @@ def summarize(rows: pd.DataFrame, by: list[str], value: str = "dev_metric", conf
             "diverged": diverged,
             "failed": int((~good).sum()) - diverged,
         })
-    return pd.DataFrame.from_records(records, columns=columns)
+    return _sorted(pd.DataFrame.from_records(records, columns=columns), by)
+
+
+def _sorted(table: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """Rows in the order of `by`, nulls last; values of mixed types (a None beside strings) never raise."""
+    if table.empty or not by:
+        return table
+    key = lambda s: s.map(lambda v: (1, "") if _missing(v) else (0, str(v))) if s.dtype == object else s  # noqa: E731
+    return table.sort_values(by, key=key, kind="stable", na_position="last").reset_index(drop=True)
+
+
+def _missing(value) -> bool:
+    return value is None or (np.isscalar(value) and pd.isna(value))
+
+
+def split_settings(rows: pd.DataFrame, by: list[str], pooled=()) -> list[str]:
+    """The settings (analysis.schema) outside `by` and `pooled` that take more than one value within a
+    group of `by`, less those the others imply (reinit_layers when k is there): the columns that keep
+    every condition apart."""
+    if rows.empty:
+        return []
+    candidates = [c for c in settings(rows.columns) if c not in by and c not in pooled and _varies(rows, by, c)]
+    return implied_dropped(rows, by, candidates)
+
+
+def _varies(rows: pd.DataFrame, by: list[str], column: str) -> bool:
+    if rows[column].nunique(dropna=False) <= 1:
+        return False
+    if not by:
+        return True
+    return bool((rows.groupby(by, dropna=False, sort=False)[column].nunique(dropna=False) > 1).any())
+
+
+def implied_dropped(rows: pd.DataFrame, fixed: list[str], extra: list[str]) -> list[str]:
+    """`extra` less each `DERIVED` column whose values the rest of `fixed` + `extra` already determine."""
+    kept = list(extra)
+    groups = _groups(rows, [*fixed, *kept])
+    for column in [c for c in extra if c in DERIVED]:
+        rest = [c for c in kept if c != column]
+        if _groups(rows, [*fixed, *rest]) == groups:
+            kept = rest
+    return kept
+
+
+def _groups(rows: pd.DataFrame, by: list[str]) -> int:
+    return rows.groupby(by, dropna=False, sort=False).ngroups if by else 1
 
 
 def condition_columns(rows: pd.DataFrame) -> list[str]:
-    """The columns that tell conditions apart in `rows`: the common ones, and each experiment-specific
-    one that is set somewhere (keep_layernorm and reinit_pooler only where they vary)."""
-    extra = [
-        c for c in EXTRA_CONDITION_COLUMNS
-        if c in rows.columns and rows[c].notna().any() and (c not in QUIET_COLUMNS or rows[c].nunique() > 1)
-    ]
-    by = [c for c in CONDITION_COLUMNS if c in rows.columns]
-    return by[:-1] + extra + by[-1:] if by and by[-1] == "metric_name" else by + extra
+    """The columns that tell conditions apart in `rows`: experiment, task, model and size, then every
+    setting (analysis.schema) that varies, less those the others imply, then metric_name."""
+    lead = [c for c in LEADING_COLUMNS if c in rows.columns]
+    varying = [c for c in settings(rows.columns) if c not in lead and rows[c].nunique(dropna=False) > 1]
+    tail = ["metric_name"] if "metric_name" in rows.columns else []
+    return [*lead, *implied_dropped(rows, lead, varying), *tail]
 
 
 def condition_table(rows: pd.DataFrame, value: str = "dev_metric") -> pd.DataFrame:
     """n, mean, std, 95% t-interval and +-2 std per condition, from finished (status ok) trials only;
-    `excluded` counts the diverged and failed trials left out of each condition."""
+    `excluded` counts the diverged and failed trials left out of each condition, by kind in `diverged`
+    and `failed`."""
     return summarize(rows, condition_columns(rows), value)
 
 

@@ -16,8 +16,11 @@ import itertools
 import numpy as np
 import pandas as pd
 
+from scipy import stats
+
 from analysis.results import CORE_COLUMNS, as_list
-from analysis.stats import condition_table, correlation, describe, summarize
+from analysis.schema import settings
+from analysis.stats import condition_columns, condition_table, correlation, describe, split_settings, summarize, t_interval
 
 # Experiments this module knows (docs/results-schema.md); rows of any other experiment still get a table
 # (`other_table`), so nothing a sweep wrote is silently dropped.
@@ -40,6 +43,26 @@ METRIC_NAMES = {
 
 SUMMARY_COLUMNS = ["n", "excluded", "diverged", "failed", "mean", "std", "ci95_low", "ci95_high",
                    "mean_minus_2std", "mean_plus_2std", "note"]
+# What each experiment's own table keeps apart; any other setting that varies is a mixed setting (it is
+# kept apart too, and the report says so).
+EXPERIMENT_COLUMNS = {
+    "incremental": ["task", "model", "train_size", "reinit_mode", "k"],
+    "layernorm": ["task", "model", "train_size", "reinit_mode", "keep_layernorm", "k"],
+    "reinit-lr": ["task", "model", "train_size", "reinit_mode", "lr_multiplier", "k"],
+    "localized": ["task", "model", "train_size", "reinit_mode", "block_mode", "block_size", "block_start"],
+    "single-layer": ["task", "model", "train_size", "reinit_mode", "layer"],
+    "permutation": ["task", "model", "train_size", "permutation"],
+    "heads": ["task", "model", "train_size", "reinit_mode", "layer", "head"],
+    "sequential": ["task", "model", "train_size", "intermediate_task"],
+    "probing": ["task", "model", "train_size", "probe", "layer"],
+    "lr-multipliers": ["task", "model", "train_size", "k", "group", "multipliers"],
+}
+# Settings that change nothing when no layer, head or pooler is reset: every such row of one task, model,
+# size, training recipe and trial index is the same computation (the full model), whichever experiment or
+# reinit mode ran it.
+FULL_MODEL_NEUTRAL = ("experiment", "k", "reinit_layers", "reinit_mode", "keep_layernorm", "lr_multiplier",
+                      "layer", "head", "block_mode", "block_start", "block_size", "permutation")
+PAIR_COLUMNS = ("trial_index", "subset_seed", "seed")  # what the conditions of one trial index share
 
 
 # --- selecting rows ---------------------------------------------------------------------------------
@@ -72,7 +95,14 @@ def _sort(table: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
     if table.empty or not columns:
         return table.reset_index(drop=True)
     tasks = ("task", "task_a", "task_b", "final_task", "intermediate_task")
-    key = lambda s: s.map(task_key) if s.name in tasks else s  # noqa: E731
+
+    def key(column: pd.Series) -> pd.Series:
+        if column.name in tasks:
+            return column.map(lambda v: (1, (0, "")) if v is None or v is pd.NA or v != v else (0, task_key(v)))
+        if column.dtype == object:  # a None beside strings must not raise
+            return column.map(lambda v: (1, "") if v is None or v is pd.NA or v != v else (0, str(v)))
+        return column
+
     return table.sort_values(columns, key=key, kind="stable", na_position="last").reset_index(drop=True)
 
 
@@ -99,14 +129,33 @@ def num_layers(rows: pd.DataFrame) -> dict:
 
 
 def _full_model_mask(rows: pd.DataFrame) -> pd.Series:
-    """Rows that finetune the whole pretrained model with nothing reset."""
+    """Rows that finetune the whole pretrained model with nothing reset or reordered."""
     mask = rows["experiment"].isin(FINETUNE_EXPERIMENTS) & rows["reinit_layers"].map(lambda v: len(as_list(v)) == 0)
-    for column in ("head", "permutation_index"):
-        if column in rows.columns:
-            mask &= rows[column].isna()
+    if "head" in rows.columns:
+        mask &= rows["head"].isna()
+    if "permutation" in rows.columns:
+        mask &= rows["permutation"].map(lambda v: len(as_list(v)) == 0)
     if "reinit_pooler" in rows.columns:
-        mask &= ~rows["reinit_pooler"].fillna(False).astype(bool)
+        mask &= ~rows["reinit_pooler"].astype(object).where(rows["reinit_pooler"].notna(), False).astype(bool)
     return mask
+
+
+def full_model_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """The full-model rows, each computation once: rows of the same recipe and trial index that differ only
+    in `FULL_MODEL_NEUTRAL` (incremental k = L under both reinit modes, the heads baseline, ...) are one
+    trial; the incremental grid's row is the one kept."""
+    full = rows[_full_model_mask(rows)]
+    if full.empty:
+        return full
+    key = [*computation_columns(full), *[c for c in PAIR_COLUMNS if c in full.columns]]
+    first = full.assign(_incremental=full["experiment"] != "incremental").sort_values("_incremental", kind="stable")
+    kept = first.drop_duplicates(key, keep="first").index.sort_values()
+    return full.loc[kept]
+
+
+def computation_columns(rows: pd.DataFrame) -> list[str]:
+    """The settings that define a full-model computation (every setting but `FULL_MODEL_NEUTRAL`)."""
+    return [c for c in settings(rows.columns) if c not in FULL_MODEL_NEUTRAL]
 
 
 # --- the tables ---------------------------------------------------------------------------------------
@@ -128,22 +177,19 @@ def status_table(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def reference_table(rows: pd.DataFrame) -> pd.DataFrame:
-    """The two reference lines of Figures 3 and 4, per task, model and size: 'full model' (every layer
-    pretrained: incremental k=L, or another finetuning experiment's row with nothing reset when the
-    incremental grid has none) and 'embeddings only' (incremental k=0, per reinit_mode)."""
+    """The two reference lines of Figures 3, 4 and 6, per task, model and size (and any setting that
+    varies): 'full model' (every layer pretrained: `full_model_rows`, each computation once whatever the
+    reinit mode or experiment that ran it) and 'embeddings only' (incremental k=0, per reinit_mode)."""
     columns = ["task", "model", "train_size", "reference", "reinit_mode", "source", "metric_name", *SUMMARY_COLUMNS]
     if rows.empty or "reinit_layers" not in rows.columns:
         return pd.DataFrame(columns=columns)
     parts = []
-    full = rows[_full_model_mask(rows)]
+    full = full_model_rows(rows)
     if len(full):
-        # Prefer the incremental grid's k=L cell where it exists.
-        cell = ["task", "model", "train_size"]
-        has_incremental = full.groupby(cell, dropna=False)["experiment"].transform(lambda e: (e == "incremental").any())
-        full = full[~has_incremental | (full["experiment"] == "incremental")]
-        table = summarize(full, [*cell, "metric_name"])
-        sources = full.groupby(cell, dropna=False)["experiment"].agg(lambda e: ", ".join(sorted(set(e))))
-        table["source"] = [sources.loc[tuple(r)] for r in table[cell].itertuples(index=False)]
+        table = summarize(full, ["task", "model", "train_size", "metric_name"], pooled=FULL_MODEL_NEUTRAL)
+        cell = [c for c in table.columns if c not in SUMMARY_COLUMNS]
+        sources = full.groupby(cell, dropna=False, sort=False)["experiment"].agg(lambda e: ", ".join(sorted(set(e))))
+        table["source"] = [sources.loc[r if len(cell) > 1 else r[0]] for r in table[cell].itertuples(index=False)]
         parts.append(table.assign(reference="full model", reinit_mode=pd.NA))
     embeddings = rows[(rows["experiment"] == "incremental") & (_col(rows, "k") == 0).fillna(False)]
     if len(embeddings):
@@ -151,17 +197,24 @@ def reference_table(rows: pd.DataFrame) -> pd.DataFrame:
         parts.append(table.assign(reference="embeddings only", source="incremental"))
     if not parts:
         return pd.DataFrame(columns=columns)
-    table = pd.concat(parts, ignore_index=True)[columns]
-    return _sort(table, ["task", "model", "train_size", "reference", "reinit_mode"])
+    table = pd.concat(parts, ignore_index=True)
+    extra = [c for c in table.columns if c not in columns]
+    table = table[[*columns[:3], *extra, *columns[3:]]]
+    return _sort(table, ["task", "model", "train_size", *extra, "reference", "reinit_mode"])
 
 
-def reference_values(refs: pd.DataFrame, task, model, train_size, reinit_mode=None) -> dict:
+def reference_values(refs: pd.DataFrame, task, model, train_size, reinit_mode=None, condition=None) -> dict:
     """From `reference_table(rows)`: {'full model': its row as a dict, 'embeddings only': ...} for one
-    cell; a reference the rows do not have is absent."""
+    cell; a reference the rows do not have is absent. `condition` (a row of a table: its settings) picks,
+    where the references differ in a setting (epochs 3 and 10), the one of the same setting."""
     out = {}
     if refs.empty:
         return out
     cell = refs[(refs["task"] == task) & (refs["model"] == model) & (refs["train_size"] == train_size)]
+    for column, value in (condition or {}).items():
+        if column in cell.columns and column not in ("reinit_mode", "task", "model", "train_size") \
+                and column in settings([column]) and column not in FULL_MODEL_NEUTRAL:
+            cell = cell[(cell[column] == value) | (cell[column].isna() & pd.isna(value))]
     for name, group in cell.groupby("reference"):
         if name == "embeddings only" and reinit_mode is not None and (group["reinit_mode"] == reinit_mode).any():
             group = group[group["reinit_mode"] == reinit_mode]
@@ -169,12 +222,79 @@ def reference_values(refs: pd.DataFrame, task, model, train_size, reinit_mode=No
     return out
 
 
+def paired_differences(rows: pd.DataFrame) -> pd.DataFrame:
+    """Every condition of the finetuning experiments against the full model, trial index by trial index
+    (each index trains every condition on the same subset, with the same seeds): the mean paired difference
+    (condition minus full model), its paired 95% t-interval (n-1 df) and the two-sided Wilcoxon signed-rank
+    p-value (scipy.stats.wilcoxon), over the indices where both finished."""
+    columns = ["experiment", "task", "model", "train_size", "pairs", "mean_difference", "ci95_low", "ci95_high",
+               "wilcoxon_p", "note"]
+    if rows.empty or "reinit_layers" not in rows.columns:
+        return pd.DataFrame(columns=columns)
+    ok = rows[(rows["status"] == "ok") & rows["dev_metric"].notna()]
+    full = full_model_rows(ok)
+    picked = ok[ok["experiment"].isin(FINETUNE_EXPERIMENTS) & ~_full_model_mask(ok)]
+    if full.empty or picked.empty:
+        return pd.DataFrame(columns=columns)
+    on = [*computation_columns(full), *[c for c in PAIR_COLUMNS if c in full.columns]]
+    on = [c for c in on if c in picked.columns]
+    reference = full[[*on, "dev_metric"]].rename(columns={"dev_metric": "_full"})
+    pairs = picked.reset_index(drop=True).merge(reference, on=on, how="left")
+    pairs["_difference"] = pairs["dev_metric"] - pairs["_full"]
+    records = []
+    for experiment, part in pairs.groupby("experiment", sort=False):
+        by = [*dict.fromkeys([*condition_columns(part), *EXPERIMENT_COLUMNS.get(experiment, [])])]
+        by = [c for c in by if c in part.columns and c != "metric_name"] + ["metric_name"]
+        for key, group in part.groupby(by, dropna=False, sort=False):
+            records.append({**dict(zip(by, key)), **_paired(group["_difference"].dropna().to_numpy(float))})
+    table = pd.DataFrame.from_records(records)
+    order = [c for c in table.columns if c not in columns[4:]] + columns[4:]
+    return _sort(table[order], [c for c in order if c not in columns[4:]])
+
+
+def _paired(differences: np.ndarray) -> dict:
+    low, high = t_interval(differences)
+    out = {"pairs": len(differences), "mean_difference": differences.mean() if len(differences) else np.nan,
+           "ci95_low": low, "ci95_high": high, "wilcoxon_p": np.nan, "note": ""}
+    if len(differences) == 0:
+        out["note"] = "no trial index where both this condition and the full model finished"
+    elif not np.any(differences):
+        out["note"] = "every difference is zero"
+    else:
+        out["wilcoxon_p"] = float(stats.wilcoxon(differences).pvalue)
+    return out
+
+
+def mixed_settings(rows: pd.DataFrame) -> dict[str, dict[str, list]]:
+    """{experiment: {setting: its values}} for settings that vary beyond what the experiment's own table
+    keeps apart (epochs 3 and 10 in one store): every table and figure keeps them apart too."""
+    out = {}
+    for experiment, part in rows.groupby("experiment", sort=True) if "experiment" in rows.columns else []:
+        by = [c for c in EXPERIMENT_COLUMNS.get(experiment, condition_columns(part)) if c in part.columns]
+        mixed = split_settings(part, by)
+        if mixed:
+            out[experiment] = {c: sorted(map(str, part[c].dropna().unique())) for c in mixed}
+    return out
+
+
+def mixed_settings_lines(rows: pd.DataFrame) -> list[str]:
+    """One sentence for the report and `summary` when the rows mix settings; none when they do not."""
+    mixed = mixed_settings(rows)
+    if not mixed:
+        return []
+    parts = ["; ".join(f"{experiment} has {c} = {', '.join(v)}" for c, v in by.items())
+             for experiment, by in mixed.items()]
+    return ["This store mixes settings (" + "; ".join(parts) + "): each value is its own condition in every "
+            "table and figure, which show the column."]
+
+
 def _experiment_table(rows, experiments, by):
     picked = of(rows, *experiments)
     if picked.empty:
         return pd.DataFrame(columns=[*by, *SUMMARY_COLUMNS])
     by = [c for c in by if c in picked.columns]
-    return _sort(summarize(picked, by), by)
+    table = summarize(picked, by)
+    return _sort(table, [c for c in table.columns if c not in SUMMARY_COLUMNS])
 
 
 def incremental_table(rows: pd.DataFrame, experiment: str = "incremental") -> pd.DataFrame:
@@ -201,51 +321,61 @@ def single_layer_table(rows: pd.DataFrame) -> pd.DataFrame:
     return _experiment_table(rows, ["single-layer"], by)
 
 
+def permutation_means(rows: pd.DataFrame) -> pd.DataFrame:
+    """One row per permutation (its layer order), task and setting: its finished trials averaged
+    (`dev_metric`, `trials`), so that a permutation run several times counts once. Status 'ok' when at
+    least one of its trials finished, else its trials' worst."""
+    picked = of(rows, "permutation")
+    if picked.empty or "permutation" not in picked.columns:
+        return picked.iloc[0:0]
+    by = [c for c in [*EXPERIMENT_COLUMNS["permutation"], *split_settings(picked, EXPERIMENT_COLUMNS["permutation"])]
+          if c in picked.columns] + ["metric_name"]
+    ok = (picked["status"] == "ok") & picked["dev_metric"].notna()
+    grouped = picked.assign(_ok=ok, _value=picked["dev_metric"].where(ok)).groupby(by, dropna=False, sort=False)
+    means = grouped.agg(dev_metric=("_value", "mean"), trials=("_ok", "sum"),
+                        diverged=("status", lambda s: (s == "diverged").any())).reset_index()
+    means["status"] = np.where(means["trials"] > 0, "ok", np.where(means["diverged"], "diverged", "error"))
+    return means.drop(columns="diverged")
+
+
 def permutation_table(rows: pd.DataFrame) -> pd.DataFrame:
-    """Figure 4's numbers: the spread of outcomes over layer permutations, per task."""
-    return _experiment_table(rows, ["permutation"], ["task", "model", "train_size", "metric_name"])
+    """Figure 4's numbers: the spread of outcomes over layer permutations, per task: n is the number of
+    permutations (each one's repeats averaged first, `permutation_means`), `trials` the trials behind them."""
+    means = permutation_means(rows)
+    if means.empty:
+        return pd.DataFrame(columns=["task", "model", "train_size", "metric_name", *SUMMARY_COLUMNS, "trials"])
+    by = [c for c in means.columns if c not in ("permutation", "dev_metric", "trials", "status")]
+    table = summarize(means, by, pooled=("permutation",))
+    trials = means.groupby(by, dropna=False, sort=False)["trials"].sum()
+    table["trials"] = [trials.loc[k if len(by) > 1 else k[0]] for k in table[by].itertuples(index=False)]
+    return _sort(table, by)
 
 
 def permutation_correlations(rows: pd.DataFrame) -> pd.DataFrame:
     """Table 1: for every pair of tasks, Spearman and Pearson correlation (two-sided p-values, N) between
-    the two tasks' outcomes of the same permutation. Rows are paired by `permutation_index` (the n-th
-    permutation is the same for every task), never by row order; several trials of one permutation and
-    task are averaged first. A permutation whose layer order differs between the two tasks is named in
-    `note`."""
+    the two tasks' outcomes of the same permutation. A permutation is its layer order (`permutation`): two
+    sweeps' n-th permutations are different permutations, and one order drawn twice is one permutation;
+    its trials are averaged first (`permutation_means`). Never paired by row order or trial index."""
     columns = ["model", "train_size", "task_a", "task_b", "n", "spearman", "spearman_p", "pearson", "pearson_p", "note"]
-    picked = of(rows, "permutation")
-    if picked.empty:
+    means = permutation_means(rows)
+    if means.empty:
         return pd.DataFrame(columns=columns)
-    key = "permutation_index" if "permutation_index" in picked.columns else "trial_index"
-    ok = picked[(picked["status"] == "ok") & picked["dev_metric"].notna() & picked[key].notna()]
+    cell = [c for c in means.columns if c not in ("task", "permutation", "dev_metric", "trials", "status",
+                                                  "metric_name")]
     records = []
-    for (model, size), group in picked.groupby(["model", "train_size"], dropna=False, sort=True):
-        cell = ok[(ok["model"] == model) & (ok["train_size"] == size)]
-        wide = cell.groupby([key, "task"])["dev_metric"].mean().unstack("task")
-        orders = _permutation_orders(cell, key)
+    for key, group in means.groupby(cell, dropna=False, sort=True):
+        key = key if isinstance(key, tuple) else (key,)
+        here = group[group["status"] == "ok"]
+        wide = here.pivot_table(index="permutation", columns="task", values="dev_metric", aggfunc="mean")
         for task_a, task_b in itertools.combinations(tasks_in(group), 2):
             if task_a not in wide.columns or task_b not in wide.columns:
                 pair = pd.DataFrame(columns=[task_a, task_b])
             else:
                 pair = wide[[task_a, task_b]].dropna()
             result = correlation(pair[task_a].to_numpy(float), pair[task_b].to_numpy(float))
-            notes = [result["note"]] if result["note"] else []
-            if key != "permutation_index":
-                notes.append("no permutation_index column: paired by trial_index")
-            mismatched = [i for i in pair.index if orders.get((i, task_a)) is not None
-                          and orders.get((i, task_b)) is not None and orders[(i, task_a)] != orders[(i, task_b)]]
-            if mismatched:
-                notes.append(f"layer order differs between the tasks for permutation {', '.join(map(str, mismatched))}")
-            records.append({"model": model, "train_size": size, "task_a": task_a, "task_b": task_b,
-                            **result, "note": "; ".join(notes)})
-    return pd.DataFrame.from_records(records, columns=columns)
-
-
-def _permutation_orders(rows: pd.DataFrame, key: str) -> dict:
-    if "permutation" not in rows.columns:
-        return {}
-    return {(i, t): tuple(as_list(p)) for i, t, p in zip(rows[key], rows["task"], rows["permutation"])
-            if len(as_list(p))}
+            records.append({**dict(zip(cell, key)), "task_a": task_a, "task_b": task_b, **result})
+    extra = [c for c in cell if c not in columns]
+    return pd.DataFrame.from_records(records, columns=[*columns[:2], *extra, *columns[2:]])
 
 
 def probing_table(rows: pd.DataFrame) -> pd.DataFrame:
@@ -287,7 +417,8 @@ def _beside_incremental(rows, experiment, column, incremental_value):
         base = base.assign(**{column: values.where(values.notna(), incremental_value)})
     both = pd.concat([base, picked], ignore_index=True) if len(base) else picked
     table = summarize(both, ["experiment", *[c for c in by if c in both.columns]])
-    return _sort(table, ["task", "model", "train_size", "reinit_mode", column, "k"])
+    extra = [c for c in table.columns if c not in SUMMARY_COLUMNS and c not in by and c != "experiment"]
+    return _sort(table, ["task", "model", "train_size", *extra, "reinit_mode", column, "k"])
 
 
 def heads_table(rows: pd.DataFrame) -> pd.DataFrame:
@@ -302,12 +433,17 @@ def heads_table(rows: pd.DataFrame) -> pd.DataFrame:
     own = picked[picked["head"].isna()]
     refs = reference_table(rows)
     baselines = []
-    for task, model, size in zip(table["task"], table["model"], table["train_size"]):
+    for _, condition in table.iterrows():
+        task, model, size = condition["task"], condition["model"], condition["train_size"]
         same = own[(own["task"] == task) & (own["model"] == model) & (own["train_size"] == size)]
+        for column in split_settings(picked, by):
+            if column in condition.index:
+                same = same[same[column] == condition[column]]
         if len(same):
             baselines.append(describe(same.loc[same["status"] == "ok", "dev_metric"].dropna())["mean"])
         else:
-            baselines.append(reference_values(refs, task, model, size).get("full model", {}).get("mean", np.nan))
+            baselines.append(reference_values(refs, task, model, size, condition=condition.to_dict())
+                             .get("full model", {}).get("mean", np.nan))
     table["baseline"] = baselines
     table["delta"] = table["mean"] - table["baseline"]
     return table
