@@ -63,6 +63,14 @@ EXPERIMENT_COLUMNS = {
 FULL_MODEL_NEUTRAL = ("experiment", "k", "reinit_layers", "reinit_mode", "keep_layernorm", "lr_multiplier",
                       "layer", "head", "block_mode", "block_start", "block_size", "permutation")
 PAIR_COLUMNS = ("trial_index", "subset_seed", "seed")  # what the conditions of one trial index share
+# Columns the tables make (never row settings), so figures do not split by them.
+MADE_COLUMNS = (*SUMMARY_COLUMNS, "block", "baseline", "delta", "direct", "source", "reference", "trials",
+                "mean_stop_epoch", "final_task", "weight_layer", "pairs", "mean_difference", "wilcoxon_p")
+
+
+def setting_columns(columns) -> list[str]:
+    """The settings among a table's `columns` (not the columns the tables make themselves)."""
+    return [c for c in settings(columns) if c not in MADE_COLUMNS and not str(c).startswith("_")]
 
 
 # --- selecting rows ---------------------------------------------------------------------------------
@@ -213,7 +221,7 @@ def reference_values(refs: pd.DataFrame, task, model, train_size, reinit_mode=No
     cell = refs[(refs["task"] == task) & (refs["model"] == model) & (refs["train_size"] == train_size)]
     for column, value in (condition or {}).items():
         if column in cell.columns and column not in ("reinit_mode", "task", "model", "train_size") \
-                and column in settings([column]) and column not in FULL_MODEL_NEUTRAL:
+                and column in setting_columns([column]) and column not in FULL_MODEL_NEUTRAL:
             cell = cell[(cell[column] == value) | (cell[column].isna() & pd.isna(value))]
     for name, group in cell.groupby("reference"):
         if name == "embeddings only" and reinit_mode is not None and (group["reinit_mode"] == reinit_mode).any():
@@ -243,25 +251,32 @@ def paired_differences(rows: pd.DataFrame) -> pd.DataFrame:
     pairs["_difference"] = pairs["dev_metric"] - pairs["_full"]
     records = []
     for experiment, part in pairs.groupby("experiment", sort=False):
-        by = [*dict.fromkeys([*condition_columns(part), *EXPERIMENT_COLUMNS.get(experiment, [])])]
+        own = condition_columns(part.drop(columns=["_full", "_difference"]))
+        by = [*dict.fromkeys([*own, *EXPERIMENT_COLUMNS.get(experiment, [])])]
         by = [c for c in by if c in part.columns and c != "metric_name"] + ["metric_name"]
-        for key, group in part.groupby(by, dropna=False, sort=False):
-            records.append({**dict(zip(by, key)), **_paired(group["_difference"].dropna().to_numpy(float))})
+        for key, group in part[[*by, "_difference"]].groupby(by, dropna=False, sort=False):
+            records.append({**dict(zip(by, key)), "_differences": group["_difference"].dropna().to_numpy(float)})
     table = pd.DataFrame.from_records(records)
+    table = pd.concat([table.drop(columns="_differences"), _paired(table["_differences"])], axis=1)
     order = [c for c in table.columns if c not in columns[4:]] + columns[4:]
     return _sort(table[order], [c for c in order if c not in columns[4:]])
 
 
-def _paired(differences: np.ndarray) -> dict:
-    low, high = t_interval(differences)
-    out = {"pairs": len(differences), "mean_difference": differences.mean() if len(differences) else np.nan,
-           "ci95_low": low, "ci95_high": high, "wilcoxon_p": np.nan, "note": ""}
-    if len(differences) == 0:
-        out["note"] = "no trial index where both this condition and the full model finished"
-    elif not np.any(differences):
-        out["note"] = "every difference is zero"
-    else:
-        out["wilcoxon_p"] = float(stats.wilcoxon(differences).pvalue)
+def _paired(samples: pd.Series) -> pd.DataFrame:
+    """Per sample of paired differences: n, mean, t-interval, Wilcoxon p (two-sided), note. Samples of
+    one size go to scipy together (scipy.stats.wilcoxon along axis 1), not one call each."""
+    out = pd.DataFrame({"pairs": samples.map(len), "mean_difference": samples.map(lambda d: d.mean() if len(d) else np.nan)},
+                       index=samples.index)
+    bounds = samples.map(t_interval)
+    out["ci95_low"], out["ci95_high"] = bounds.map(lambda b: b[0]), bounds.map(lambda b: b[1])
+    out["wilcoxon_p"] = np.nan
+    zero = samples.map(lambda d: len(d) > 0 and not np.any(d))
+    out["note"] = np.where(out["pairs"] == 0, "no trial index where both this condition and the full model finished",
+                           np.where(zero, "every difference is zero", ""))
+    testable = (out["pairs"] > 0) & ~zero
+    for _, same in out[testable].groupby("pairs"):
+        matrix = np.stack(samples.loc[same.index].to_list())
+        out.loc[same.index, "wilcoxon_p"] = np.atleast_1d(stats.wilcoxon(matrix, axis=1).pvalue)
     return out
 
 
@@ -433,10 +448,11 @@ def heads_table(rows: pd.DataFrame) -> pd.DataFrame:
     own = picked[picked["head"].isna()]
     refs = reference_table(rows)
     baselines = []
+    mixed = split_settings(picked, by)
     for _, condition in table.iterrows():
         task, model, size = condition["task"], condition["model"], condition["train_size"]
         same = own[(own["task"] == task) & (own["model"] == model) & (own["train_size"] == size)]
-        for column in split_settings(picked, by):
+        for column in mixed:
             if column in condition.index:
                 same = same[same[column] == condition[column]]
         if len(same):
