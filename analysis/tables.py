@@ -197,7 +197,7 @@ def reference_table(rows: pd.DataFrame) -> pd.DataFrame:
         table = summarize(full, ["task", "model", "train_size", "metric_name"], pooled=FULL_MODEL_NEUTRAL)
         cell = [c for c in table.columns if c not in SUMMARY_COLUMNS]
         sources = full.groupby(cell, dropna=False, sort=False)["experiment"].agg(lambda e: ", ".join(sorted(set(e))))
-        table["source"] = [sources.loc[r if len(cell) > 1 else r[0]] for r in table[cell].itertuples(index=False)]
+        table = table.merge(sources.rename("source").reset_index(), on=cell, how="left")
         parts.append(table.assign(reference="full model", reinit_mode=pd.NA))
     embeddings = rows[(rows["experiment"] == "incremental") & (_col(rows, "k") == 0).fillna(False)]
     if len(embeddings):
@@ -360,10 +360,9 @@ def permutation_table(rows: pd.DataFrame) -> pd.DataFrame:
     if means.empty:
         return pd.DataFrame(columns=["task", "model", "train_size", "metric_name", *SUMMARY_COLUMNS, "trials"])
     by = [c for c in means.columns if c not in ("permutation", "dev_metric", "trials", "status")]
-    table = summarize(means, by, pooled=("permutation",))
-    trials = means.groupby(by, dropna=False, sort=False)["trials"].sum()
-    table["trials"] = [trials.loc[k if len(by) > 1 else k[0]] for k in table[by].itertuples(index=False)]
-    return _sort(table, by)
+    table = summarize(means, by, pooled=("permutation", "trials"))
+    trials = means.groupby(by, dropna=False, sort=False)["trials"].sum().reset_index()
+    return _sort(table.merge(trials, on=by, how="left"), by)
 
 
 def permutation_correlations(rows: pd.DataFrame) -> pd.DataFrame:
