@@ -136,7 +136,7 @@ def _layer_ticks(ax, low: int, high: int) -> None:
 def _size_colors(sizes) -> dict:
     import matplotlib
 
-    sizes = sorted(set(int(s) for s in sizes))
+    sizes = sorted(set(int(s) for s in pd.Series(sizes).dropna()))
     shades = [0.75] if len(sizes) == 1 else np.linspace(0.45, 0.95, len(sizes))
     cmap = matplotlib.colormaps["Blues"]
     return {s: cmap(v) for s, v in zip(sizes, shades)}

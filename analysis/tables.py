@@ -20,7 +20,7 @@ from scipy import stats
 
 from analysis.results import CORE_COLUMNS, as_list
 from analysis.schema import settings
-from analysis.stats import condition_columns, condition_table, correlation, describe, split_settings, summarize, t_interval
+from analysis.stats import condition_columns, condition_table, correlation, split_settings, summarize
 
 # Experiments this module knows (docs/results-schema.md); rows of any other experiment still get a table
 # (`other_table`), so nothing a sweep wrote is silently dropped.
@@ -138,14 +138,19 @@ def num_layers(rows: pd.DataFrame) -> dict:
 
 def _full_model_mask(rows: pd.DataFrame) -> pd.Series:
     """Rows that finetune the whole pretrained model with nothing reset or reordered."""
-    mask = rows["experiment"].isin(FINETUNE_EXPERIMENTS) & rows["reinit_layers"].map(lambda v: len(as_list(v)) == 0)
+    mask = rows["experiment"].isin(FINETUNE_EXPERIMENTS) & rows["reinit_layers"].map(_no_items)
     if "head" in rows.columns:
         mask &= rows["head"].isna()
     if "permutation" in rows.columns:
-        mask &= rows["permutation"].map(lambda v: len(as_list(v)) == 0)
+        mask &= rows["permutation"].map(_no_items)
     if "reinit_pooler" in rows.columns:
         mask &= ~rows["reinit_pooler"].astype(object).where(rows["reinit_pooler"].notna(), False).astype(bool)
     return mask
+
+
+def _no_items(value) -> bool:
+    """An empty or null list cell."""
+    return len(value) == 0 if hasattr(value, "__len__") else True
 
 
 def full_model_rows(rows: pd.DataFrame) -> pd.DataFrame:
@@ -263,17 +268,19 @@ def paired_differences(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def _paired(samples: pd.Series) -> pd.DataFrame:
-    """Per sample of paired differences: n, mean, t-interval, Wilcoxon p (two-sided), note. Samples of
-    one size go to scipy together (scipy.stats.wilcoxon along axis 1), not one call each."""
-    out = pd.DataFrame({"pairs": samples.map(len), "mean_difference": samples.map(lambda d: d.mean() if len(d) else np.nan)},
-                       index=samples.index)
-    bounds = samples.map(t_interval)
-    out["ci95_low"], out["ci95_high"] = bounds.map(lambda b: b[0]), bounds.map(lambda b: b[1])
-    out["wilcoxon_p"] = np.nan
-    zero = samples.map(lambda d: len(d) > 0 and not np.any(d))
-    out["note"] = np.where(out["pairs"] == 0, "no trial index where both this condition and the full model finished",
+    """Per sample of paired differences: n, mean, 95% t-interval, Wilcoxon p (two-sided), note. Samples of
+    one size go to scipy together (along axis 1), not one call each."""
+    n = samples.map(len).to_numpy()
+    mean = np.array([d.mean() if len(d) else np.nan for d in samples])
+    std = np.array([d.std(ddof=1) if len(d) > 1 else np.nan for d in samples])
+    half = stats.t.ppf(0.975, np.maximum(n - 1, 1)) * std / np.sqrt(np.maximum(n, 1))
+    half = np.where(std == 0, 0.0, half)
+    zero = np.array([len(d) > 0 and not np.any(d) for d in samples])
+    out = pd.DataFrame({"pairs": n, "mean_difference": mean, "ci95_low": mean - half, "ci95_high": mean + half,
+                        "wilcoxon_p": np.nan}, index=samples.index)
+    out["note"] = np.where(n == 0, "no trial index where both this condition and the full model finished",
                            np.where(zero, "every difference is zero", ""))
-    testable = (out["pairs"] > 0) & ~zero
+    testable = (n > 0) & ~zero
     for _, same in out[testable].groupby("pairs"):
         matrix = np.stack(samples.loc[same.index].to_list())
         out.loc[same.index, "wilcoxon_p"] = np.atleast_1d(stats.wilcoxon(matrix, axis=1).pvalue)
@@ -445,21 +452,20 @@ def heads_table(rows: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=[*by, *SUMMARY_COLUMNS, "baseline", "delta"])
     table = _experiment_table(rows[rows.index.isin(picked.index[picked["head"].notna()])], ["heads"], by)
     own = picked[picked["head"].isna()]
+    keys = [c for c in table.columns if c not in MADE_COLUMNS and c not in ("layer", "head", "metric_name")]
+    if len(own):
+        baseline = summarize(own, [c for c in keys if c in own.columns], pooled=("layer", "head"))
+        on = [c for c in baseline.columns if c in keys]
+        table = table.merge(baseline[[*on, "mean"]].rename(columns={"mean": "baseline"}), on=on, how="left")
+    else:
+        table["baseline"] = np.nan
     refs = reference_table(rows)
-    baselines = []
-    mixed = split_settings(picked, by)
-    for _, condition in table.iterrows():
-        task, model, size = condition["task"], condition["model"], condition["train_size"]
-        same = own[(own["task"] == task) & (own["model"] == model) & (own["train_size"] == size)]
-        for column in mixed:
-            if column in condition.index:
-                same = same[same[column] == condition[column]]
-        if len(same):
-            baselines.append(describe(same.loc[same["status"] == "ok", "dev_metric"].dropna())["mean"])
-        else:
-            baselines.append(reference_values(refs, task, model, size, condition=condition.to_dict())
-                             .get("full model", {}).get("mean", np.nan))
-    table["baseline"] = baselines
+    full = refs[refs["reference"] == "full model"]
+    on = [c for c in full.columns if c in keys and c not in ("reinit_mode", "source", "reference")]
+    if len(full) and table["baseline"].isna().any():  # no baseline of its own: the full-model reference
+        reference = full[[*on, "mean"]].rename(columns={"mean": "_full"}).drop_duplicates(on)
+        table = table.merge(reference, on=on, how="left")
+        table["baseline"] = table["baseline"].fillna(table.pop("_full"))
     table["delta"] = table["mean"] - table["baseline"]
     return table
 
@@ -507,15 +513,14 @@ def weight_distance_table(rows: pd.DataFrame) -> pd.DataFrame:
     if carrying.empty:
         return pd.DataFrame(columns=["experiment", "task", "weight_layer", *SUMMARY_COLUMNS])
     carrying = carrying.dropna(axis=1, how="all")
-    long = carrying.assign(
-        weight_layer=carrying["weight_distance"].map(lambda v: list(range(1, len(as_list(v)) + 1))),
-        distance=carrying["weight_distance"].map(as_list),
-    ).explode(["weight_layer", "distance"])
-    long["weight_layer"] = long["weight_layer"].astype("Int64")
-    long["distance"] = pd.to_numeric(long["distance"], errors="coerce")
-    from analysis.stats import condition_columns
-
-    by = [c for c in condition_columns(carrying) if c != "metric_name"] + ["weight_layer"]
+    by = [c for c in condition_columns(carrying) if c != "metric_name"]
+    distances = [np.asarray(v, dtype=float) for v in carrying["weight_distance"]]
+    lengths = np.array([len(d) for d in distances])
+    # One row per (trial, layer), of the columns the table needs only: L times the trials.
+    long = carrying[[*by, "status"]].loc[carrying.index.repeat(lengths)]
+    long["weight_layer"] = pd.array(np.concatenate([np.arange(1, n + 1) for n in lengths]), dtype="Int64")
+    long["distance"] = np.concatenate(distances)
+    by = [*by, "weight_layer"]
     return _sort(summarize(long.reset_index(drop=True), by, value="distance"), by)
 
 

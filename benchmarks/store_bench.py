@@ -65,7 +65,7 @@ def make_rows(n: int, seed: int = 0) -> list[dict]:
             status = rng.choice(["ok", "diverged", "error"], p=[0.97, 0.02, 0.01])
             metric = TASKS[task]
             row = {
-                "trial_id": f"{experiment}-{task}-n{size}-t{trial}-{uuid.UUID(int=int(rng.integers(2**63))).hex[:10]}",
+                "trial_id": f"{experiment}-{task}-n{size}-t{trial}-{seed}-{len(rows):07d}",
                 "experiment": experiment, "task": task, "model": "bert-base-uncased", "data_source": "hub",
                 "train_size": size, "trial_index": trial, "subset_seed": 1000 + trial, "seed": 2000 + trial,
                 "reinit_layers": layers, "reinit_mode": mode, "keep_layernorm": False, "reinit_pooler": False,
@@ -81,7 +81,8 @@ def make_rows(n: int, seed: int = 0) -> list[dict]:
             if status == "diverged":
                 row.update(dev_metric=float("nan"), **{f"dev_{metric}": float("nan")})
             elif status == "error":  # failed before its first report: the trial's identity only
-                row = {key: v for key, v in row.items() if not key.startswith(("dev_", "train_", "weight_"))}
+                row = {key: v for key, v in row.items() if not key.startswith(("dev_", "weight_"))
+                       and key not in ("train_loss", "train_seconds", "eval_seconds", "wall_seconds")}
                 row.update(metric_name=None, error="Traceback ...: CUDA out of memory")
             rows.append(row)
     raise AssertionError("unreachable: itertools.count() never ends")
