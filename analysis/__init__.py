@@ -15,7 +15,8 @@ import importlib
 from analysis.results import load, prepare, read_results
 
 _LAZY = {"figures": "analysis.figures", "tables": "analysis.tables", "report": "analysis.report",
-         "format": "analysis.format", "stats": "analysis.stats", "results": "analysis.results"}
+         "format": "analysis.format", "stats": "analysis.stats", "results": "analysis.results",
+         "schema": "analysis.schema", "search": "analysis.search"}
 
 __all__ = [
     "build_report", "condition_table", "correlation", "describe", "figures", "load", "prepare", "read_results",

@@ -4,7 +4,8 @@ import argparse
 import sys
 
 from analysis.results import prepare, read_results
-from analysis.stats import QUIET_COLUMNS, condition_table
+from analysis.stats import condition_table
+from analysis.tables import mixed_settings_lines
 
 
 def summary(args) -> int:
@@ -13,16 +14,17 @@ def summary(args) -> int:
         print(f"no trial rows under {args.results}", file=sys.stderr)
         return 1
     table = condition_table(rows)
-    stats_columns = {"n", "excluded", "mean", "std", "ci95_low", "ci95_high", "mean_minus_2std", "mean_plus_2std",
-                     "note"}
+    stats_columns = {"n", "diverged", "failed", "mean", "std", "ci95_low", "ci95_high", "note"}
     for experiment, part in table.groupby("experiment", sort=True) if "experiment" in table.columns else [("", table)]:
-        # Each experiment with its own condition columns: those it leaves empty, or sets to one value of the
-        # columns every row carries (keep_layernorm, reinit_pooler), would only widen the print.
-        unused = [c for c in part.columns if c not in stats_columns and (
-            part[c].isna().all() or (c in QUIET_COLUMNS and part[c].nunique(dropna=False) <= 1))]
-        shown = part.drop(columns=[*unused, "diverged", "failed"], errors="ignore")
+        # Each experiment with its own condition columns: one it leaves empty, or sets to one value while
+        # another experiment varies it, would only widen the print.
+        unused = [c for c in part.columns if c not in stats_columns and c not in ("task", "metric_name")
+                  and part[c].nunique(dropna=False) <= 1]
+        shown = part.drop(columns=[*unused, "excluded", "mean_minus_2std", "mean_plus_2std"], errors="ignore")
         print(f"\n{experiment}" if experiment else "")
         print(shown.to_string(index=False, float_format=lambda x: f"{x:.4f}"))
+    for line in mixed_settings_lines(rows):
+        print(f"\n{line}")
     left = rows["status"].ne("ok").sum()
     if left:
         counts = rows["status"].value_counts()
@@ -36,11 +38,11 @@ def summary(args) -> int:
 def report(args) -> int:
     from analysis.report import build_report
 
-    rows = read_results(args.results)
-    if rows.empty:
+    raw = read_results(args.results)
+    if raw.empty:
         print(f"no trial rows under {args.results}", file=sys.stderr)
         return 1
-    made = build_report(args.results, args.out, latex=args.latex, formats=args.formats)
+    made = build_report(args.results, args.out, latex=args.latex, formats=args.formats, raw=raw)
     print(f"{len(made.tables)} tables and {len(made.figures)} figures in {made.folder}; open "
           f"{made.folder / 'index.html'} (or index.md)")
     for line in made.header[1:3]:

@@ -22,7 +22,7 @@ from scipy import stats
 
 from analysis import tables as T
 from analysis.results import as_list
-from analysis.stats import summarize
+from analysis.stats import split_settings, summarize
 
 PANEL = (3.7, 2.9)  # inches per task panel
 MAX_COLUMNS = 3
@@ -49,9 +49,14 @@ def slug(value) -> str:
     return re.sub(r"[^A-Za-z0-9.]+", "-", text).strip("-") or "x"
 
 
-def _split(table: pd.DataFrame, columns: list[str]):
+def _split(table: pd.DataFrame, columns: list[str], drawn=None):
     """(file-name suffix, {column: value} of the columns that vary, sub-table) per value of those columns;
-    one piece, with no suffix, when none varies."""
+    one piece, with no suffix, when none varies. With `drawn` (the columns one piece draws: its x axis,
+    its lines), every other setting the table carries splits it too (a table shows a setting only where
+    the rows mix it), so a figure never pools what its table keeps apart."""
+    if drawn is not None:
+        columns = [*columns, *(c for c in T.setting_columns(table.columns)
+                               if c not in columns and c not in drawn and c not in ("task", "experiment"))]
     varying = [c for c in columns if c in table.columns and table[c].nunique(dropna=False) > 1]
     if not varying:
         yield "", {}, table
@@ -131,7 +136,7 @@ def _layer_ticks(ax, low: int, high: int) -> None:
 def _size_colors(sizes) -> dict:
     import matplotlib
 
-    sizes = sorted(set(int(s) for s in sizes))
+    sizes = sorted(set(int(s) for s in pd.Series(sizes).dropna()))
     shades = [0.75] if len(sizes) == 1 else np.linspace(0.45, 0.95, len(sizes))
     cmap = matplotlib.colormaps["Blues"]
     return {s: cmap(v) for s, v in zip(sizes, shades)}
@@ -206,6 +211,19 @@ def _missing_note(table: pd.DataFrame, x: str, label: str) -> str:
     return f" No finished trial (not drawn): {', '.join(dict.fromkeys(names))}."
 
 
+def _same_settings(frame: pd.DataFrame, condition) -> pd.Series:
+    """Rows of `frame` whose settings equal `condition`'s (a dict or Series), on the columns both carry."""
+    mask = pd.Series(True, index=frame.index)
+    for column, value in dict(condition).items():
+        if column in frame.columns and column in T.setting_columns([column]):
+            mask &= frame[column].isna() if _is_missing(value) else (frame[column] == value).fillna(False)
+    return mask
+
+
+def _is_missing(value) -> bool:
+    return value is None or (np.isscalar(value) and pd.isna(value))
+
+
 def _excluded_note(table: pd.DataFrame) -> str:
     left = int(table["excluded"].sum()) if "excluded" in table.columns else 0
     return f" {left} diverged or failed trial{'s' if left != 1 else ''} left out." if left else ""
@@ -226,7 +244,7 @@ def incremental_figure(rows: pd.DataFrame) -> list[Plot]:
     plots = []
     for model in models:
         mine = table[table["model"] == model] if len(table) else table
-        modes = [("", {}, mine)] if mine.empty else list(_split(mine, ["reinit_mode"]))
+        modes = [("", {}, mine)] if mine.empty else list(_split(mine, ["reinit_mode"], drawn=("model", "train_size", "k")))
         for suffix, part, sub in modes:
             probe = probes[probes["model"] == model] if len(probes) else probes
             tasks = sorted(set(sub.get("task", [])) | set(probe.get("task", [])), key=T.task_key)
@@ -273,7 +291,8 @@ def localized_figure(rows: pd.DataFrame) -> list[Plot]:
         return []
     refs = T.reference_table(rows)
     plots = []
-    for suffix, part, sub in _split(table, ["model", "train_size", "reinit_mode", "block_size"]):
+    for suffix, part, sub in _split(table, ["model", "train_size", "reinit_mode", "block_size"],
+                                    drawn=("block_mode", "block_start", "block")):
         tasks = sorted(sub["task"].unique(), key=T.task_key)
         figure, axes = _panels(len(tasks))
         styles = {"block-reinit": ("tab:red", "v", "block reinitialized (others pretrained)"),
@@ -285,7 +304,7 @@ def localized_figure(rows: pd.DataFrame) -> list[Plot]:
                 _errorline(ax, line["block_start"], line, color=color, marker=marker, label=label)
             first = here.iloc[0]
             _reference_lines(ax, T.reference_values(refs, task, first["model"], first["train_size"],
-                                                    first["reinit_mode"]))
+                                                    first["reinit_mode"], condition=first.to_dict()))
             _task_axes(ax, task, _metric(here))
             starts = sorted(here["block_start"].unique())
             blocks = here.drop_duplicates("block_start").set_index("block_start")["block"]
@@ -295,7 +314,8 @@ def localized_figure(rows: pd.DataFrame) -> list[Plot]:
         first = sub.iloc[0]
         _title(figure, f"Localized reinitialization, {_short('model', first['model'])}, "
                        f"{int(first['train_size']):,} examples" + _extra(part))
-        missing = [t for t in tasks if not T.reference_values(refs, t, first["model"], first["train_size"])]
+        missing = [t for t in tasks if not T.reference_values(refs, t, first["model"], first["train_size"],
+                                                              condition=first.to_dict())]
         plots.append(Plot(
             f"fig3-localized{suffix}", figure,
             f"Figure 3. Reinitializing one block of {int(first.get('block_size', 3))} consecutive layers (the "
@@ -310,23 +330,22 @@ def localized_figure(rows: pd.DataFrame) -> list[Plot]:
 def permutation_figure(rows: pd.DataFrame) -> list[Plot]:
     """Figure 4: each permutation's outcome as a point, a kernel density of the outcomes, their mean with
     its 95% t-interval, and the original and all-reinitialized models (±2 std bands)."""
-    picked = T.of(rows, "permutation")
-    if picked.empty:
-        return []
-    ok = picked[(picked["status"] == "ok") & picked["dev_metric"].notna()]
+    means = T.permutation_means(rows)
     summary = _drawable(T.permutation_table(rows))
     if summary.empty:
         return []
+    ok = means[means["status"] == "ok"]
     refs = T.reference_table(rows)
     plots = []
-    for suffix, part, sub in _split(summary, ["model", "train_size"]):
+    for suffix, part, sub in _split(summary, ["model", "train_size"], drawn=()):
         tasks = sorted(sub["task"].unique(), key=T.task_key)
         figure, axes = _panels(len(tasks), width=2.9)
         for ax, task in zip(axes, tasks):
             line = sub[sub["task"] == task].iloc[0]
-            mine = (ok["task"] == task) & (ok["model"] == line["model"]) & (ok["train_size"] == line["train_size"])
-            values = ok.loc[mine, "dev_metric"].to_numpy(float)
-            _reference_lines(ax, T.reference_values(refs, task, line["model"], line["train_size"]), band=True)
+            values = ok.loc[_same_settings(ok, line[[c for c in sub.columns if c in ok.columns]]), "dev_metric"]
+            values = values.to_numpy(float)
+            _reference_lines(ax, T.reference_values(refs, task, line["model"], line["train_size"],
+                                                    condition=line.to_dict()), band=True)
             if len(values) >= 3 and np.ptp(values) > 0:
                 kde = stats.gaussian_kde(values)
                 reach = 2 * kde.factor * values.std()
@@ -336,26 +355,26 @@ def permutation_figure(rows: pd.DataFrame) -> list[Plot]:
                 ax.fill_betweenx(grid, -width, width, color="tab:blue", alpha=0.18, linewidth=0, label="kernel density")
             jitter = np.random.default_rng(0).uniform(-0.07, 0.07, len(values))
             ax.scatter(jitter, values, s=16, facecolor="white", edgecolor="tab:blue", linewidth=1, zorder=3,
-                       label="one permutation")
+                       label="one permutation (its trials averaged)")
             if np.isfinite(line["mean"]):
                 ax.hlines(line["mean"], -0.34, 0.34, color="tab:blue", linewidth=2, zorder=4,
                           label="mean of permutations")
             if np.isfinite(line["ci95_low"]):
                 yerr = [[line["mean"] - line["ci95_low"]], [line["ci95_high"] - line["mean"]]]
                 ax.errorbar([0.42], [line["mean"]], yerr=yerr, fmt="none", ecolor="tab:blue", capsize=3,
-                            elinewidth=1.2, label="95% t-interval of the mean")
+                            elinewidth=1.2, label="95% t-interval of the mean (n = permutations)")
             ax.set_xlim(-0.6, 0.6)
             ax.set_xticks([])
             _task_axes(ax, task, line["metric_name"])
-            ax.set_xlabel(f"{int(line['n'])} permutations", fontsize=8.5)
+            ax.set_xlabel(f"{int(line['n'])} permutations, {int(line['trials'])} trials", fontsize=8.5)
         _legend(figure, axes, columns=3)
         first = sub.iloc[0]
         _title(figure, f"Layer permutations, {_short('model', first['model'])}, {int(first['train_size']):,} examples")
         plots.append(Plot(
             f"fig4-permutation{suffix}", figure,
             "Figure 4. Finetuning with all layers pretrained but in a shuffled order: one circle per "
-            "permutation, the shaded region a kernel density of the outcomes, the solid line their mean (with "
-            "its 95% t-interval). Dashed: the original model; dotted: all layers reinitialized (incremental "
+            "permutation (a layer order; its trials averaged first), the shaded region a kernel density of the "
+            "outcomes, the solid line their mean (with its 95% t-interval over permutations). Dashed: the original model; dotted: all layers reinitialized (incremental "
             "k = 0); bands ±2 std." + _excluded_note(sub),
             "permutation_figure", f"Figure 4: layer permutations ({_context(sub, part)})"))
     return plots
@@ -375,7 +394,8 @@ def scatter_figure(rows: pd.DataFrame, size: int = 500) -> list[Plot]:
         return []
     layers = T.num_layers(rows)
     plots = []
-    for suffix, part, sub in _split(picked, ["model", "reinit_mode"]):
+    mixed = split_settings(picked, ["task", "model", "train_size", "reinit_mode", "k"])
+    for suffix, part, sub in _split(picked, ["model", "reinit_mode", *mixed]):
         if not ok.index.isin(sub.index).any():
             continue
         model = sub["model"].iloc[0]
@@ -412,14 +432,14 @@ def single_layer_figure(rows: pd.DataFrame) -> list[Plot]:
     refs = T.reference_table(rows)
     layers = T.num_layers(rows)
     plots = []
-    for suffix, part, sub in _split(table, ["model", "train_size", "reinit_mode"]):
+    for suffix, part, sub in _split(table, ["model", "train_size", "reinit_mode"], drawn=("layer",)):
         tasks = sorted(sub["task"].unique(), key=T.task_key)
         figure, axes = _panels(len(tasks))
         first = sub.iloc[0]
         for ax, task in zip(axes, tasks):
             here = sub[sub["task"] == task]
             _errorline(ax, here["layer"], here, interval="2std", color="tab:blue", label="one layer reinitialized")
-            refs_here = T.reference_values(refs, task, first["model"], first["train_size"])
+            refs_here = T.reference_values(refs, task, first["model"], first["train_size"], condition=first.to_dict())
             _reference_lines(ax, {"full model": refs_here.get("full model")})
             _task_axes(ax, task, _metric(here))
             _layer_ticks(ax, 1, layers.get(first["model"], 12))
@@ -442,7 +462,7 @@ def _beside_incremental_figure(table, rows, column, labels, name, title, caption
         return []
     layers = T.num_layers(rows)
     plots = []
-    for suffix, part, sub in _split(table, ["model", "train_size", "reinit_mode"]):
+    for suffix, part, sub in _split(table, ["model", "train_size", "reinit_mode"], drawn=(column, "k")):
         tasks = sorted(sub["task"].unique(), key=T.task_key)
         figure, axes = _panels(len(tasks))
         first = sub.iloc[0]
@@ -497,7 +517,7 @@ def weight_distance_figure(rows: pd.DataFrame) -> list[Plot]:
     layer of the full model, one line per subset size (darker = larger), 95% t-intervals."""
     if "weight_distance" not in rows.columns or "reinit_layers" not in rows.columns:
         return []
-    full = rows[T._full_model_mask(rows)]
+    full = T.full_model_rows(rows)
     full = full[full["weight_distance"].map(lambda v: len(as_list(v)) > 0)]
     if full.empty:
         return []
@@ -511,7 +531,7 @@ def weight_distance_figure(rows: pd.DataFrame) -> list[Plot]:
     if table.empty:
         return []
     plots = []
-    for suffix, part, sub in _split(table, ["model"]):
+    for suffix, part, sub in _split(table, ["model"], drawn=("train_size", "weight_layer")):
         tasks = sorted(sub["task"].unique(), key=T.task_key)
         figure, axes = _panels(len(tasks))
         colors = _size_colors(sub["train_size"])
@@ -540,7 +560,7 @@ def sequential_figure(rows: pd.DataFrame) -> list[Plot]:
     if table.empty:
         return []
     plots = []
-    for suffix, part, sub in _split(table, ["model", "train_size"]):
+    for suffix, part, sub in _split(table, ["model", "train_size"], drawn=("final_task", "intermediate_task")):
         finals = sorted(sub["final_task"].unique(), key=T.task_key)
         inters = sorted(sub["intermediate_task"].unique(), key=T.task_key)
         delta = np.full((len(finals), len(inters)), np.nan)
@@ -588,7 +608,7 @@ def heads_figure(rows: pd.DataFrame) -> list[Plot]:
     if table.empty:
         return []
     plots = []
-    for suffix, part, sub in _split(table, ["model", "train_size", "reinit_mode"]):
+    for suffix, part, sub in _split(table, ["model", "train_size", "reinit_mode"], drawn=("layer", "head")):
         tasks = sorted(sub["task"].unique(), key=T.task_key)
         heads = sorted(sub["head"].dropna().astype(int).unique())
         layers = sorted(sub["layer"].dropna().astype(int).unique())

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 # Columns of the raw tables that the readable form folds into others or leaves to the CSV.
-_FOLDED = {"ci95_low", "ci95_high", "mean_minus_2std", "mean_plus_2std", "diverged", "failed"}
+_FOLDED = {"ci95_low", "ci95_high", "mean_minus_2std", "mean_plus_2std", "excluded"}
 _P_VALUES = {"spearman_p", "pearson_p"}
 _QUIET = ("keep_layernorm", "reinit_pooler", "reinit_mode")
 
@@ -34,15 +34,15 @@ def _p_value(value) -> str:
 
 
 def readable(table: pd.DataFrame, two_std: bool = False) -> pd.DataFrame:
-    """The table as strings: 'mean', 'std', '95% CI' as [low, high], '±2 std' (when `two_std`), counts
-    as integers; columns empty everywhere, and reinit_mode / keep_layernorm where constant, left out."""
+    """The table as strings: n, diverged and failed counts beside 'mean', 'std', '95% CI' as [low, high],
+    '±2 std' (when `two_std`); columns empty everywhere, and reinit_mode / keep_layernorm where constant,
+    left out."""
     if table.empty:
         return table.astype(str)
     table = table.copy()
     out = pd.DataFrame(index=table.index)
-    folded = _FOLDED if "excluded" in table.columns else _FOLDED - {"diverged", "failed"}
     for column in table.columns:
-        if column in folded:
+        if column in _FOLDED:
             continue
         series = table[column]
         if series.isna().all() or (series.astype(str) == "").all():
@@ -53,7 +53,8 @@ def readable(table: pd.DataFrame, two_std: bool = False) -> pd.DataFrame:
             out[column] = series.map(_p_value)
         elif column in ("mean", "std", "spearman", "pearson", "baseline", "delta", "direct", "mean_val_objective"):
             out[column] = series.map(_number)
-        elif column in ("train_size", "n", "excluded", "k", "layer", "head", "block_start", "block_size"):
+        elif column in ("train_size", "n", "diverged", "failed", "k", "layer", "head", "block_start", "block_size",
+                        "pairs", "permutations"):
             out[column] = series.map(lambda v: _number(v, 0))
         elif column == "lr_multiplier":
             out[column] = series.map(lambda v: "" if pd.isna(v) else f"{v:g}x")
@@ -67,8 +68,6 @@ def readable(table: pd.DataFrame, two_std: bool = False) -> pd.DataFrame:
             ]
             if two_std:
                 out["±2 std"] = ["" if np.isnan(s) else f"±{2 * s:.4f}" for s in table["std"].astype(float)]
-    if "excluded" in out.columns and (table["excluded"] == 0).all():
-        out = out.drop(columns="excluded")
     if "note" in out.columns and (out["note"] == "").all():
         out = out.drop(columns="note")
     return out.reset_index(drop=True)

@@ -41,14 +41,22 @@ TABLES = (
     TableSpec("references", "Reference models", T.reference_table, two_std=True,
               note="Full model (nothing reinitialized) and embeddings only (incremental k = 0): the reference "
                    "lines of Figures 3, 4 and 6."),
+    TableSpec("paired-differences", "Each condition against the full model, paired by trial index",
+              T.paired_differences, "plain",
+              note="Every condition of a trial index trains on the same subset with the same seeds as the full "
+                   "model of that index: mean paired difference (condition minus full model), its paired 95% "
+                   "t-interval (n-1 df) and the two-sided Wilcoxon signed-rank p-value (scipy.stats.wilcoxon), "
+                   "over the indices where both finished."),
     TableSpec("incremental", "Incremental reinitialization (Figure 2)", T.incremental_table,
               note="Layers 1..k pretrained, k+1..L reinitialized."),
     TableSpec("localized", "Localized reinitialization (Figure 3)", T.localized_table),
-    TableSpec("permutation", "Layer permutations (Figure 4)", T.permutation_table),
+    TableSpec("permutation", "Layer permutations (Figure 4)", T.permutation_table,
+              note="A permutation is its layer order; its repeats are averaged first, so n counts permutations "
+                   "(`trials`: the finished trials behind them)."),
     TableSpec("permutation-correlations", "Table 1: paired correlations between tasks over permutations",
               T.permutation_correlations, "correlations",
               note="Spearman and Pearson correlation between two tasks' outcomes of the same permutation "
-                   "(paired by permutation_index), two-sided p-value in parentheses, N pairs."),
+                   "(paired by layer order, repeats averaged), two-sided p-value in parentheses, N pairs."),
     TableSpec("probing", "Probing (dashed lines of Figure 2)", T.probing_table,
               note="Frozen model, a classifier on one layer (0 = embeddings)."),
     TableSpec("single-layer", "Single-layer reinitialization (Figure 6)", T.single_layer_table, two_std=True),
@@ -69,8 +77,9 @@ TABLES = (
                    "dev metrics are reported, never used to choose. Multipliers are layers 1..L."),
     TableSpec("lr-search-importances", "Per-layer learning-rate multiplier search: parameter importances",
               S.importance_table, "plain",
-              note="optuna.importance.get_param_importances on each cell's completed trials (study rebuilt from "
-                   "the rows): how much each multiplier explains of the validation objective."),
+              note="PED-ANOVA (optuna.importance.PedAnovaImportanceEvaluator, deterministic: no random draw) on "
+                   "each cell's completed trials (study rebuilt from the rows): how much each multiplier explains "
+                   "of the top 10% of the validation objective."),
     TableSpec("other", "Other experiments", T.other_table,
               note="Experiments without a dedicated table: the generic per-condition summary."),
 )
@@ -113,12 +122,13 @@ def readable_table(spec: TableSpec, table: pd.DataFrame) -> pd.DataFrame:
 
 
 def build_report(results, out, *, latex: bool = False, formats=("png", "pdf"), command: str | None = None,
-                 dpi: int = 150) -> Report:
-    """Write the report of the rows under `results` into `out`; returns what it wrote."""
+                 dpi: int = 150, raw: pd.DataFrame | None = None) -> Report:
+    """Write the report of the rows under `results` into `out` (`raw`: those rows, when already read);
+    returns what it wrote."""
     out = Path(out)
     (out / "tables").mkdir(parents=True, exist_ok=True)
     (out / "figures").mkdir(parents=True, exist_ok=True)
-    raw = read_results(results)
+    raw = read_results(results) if raw is None else raw  # the store is read once, for every table and figure
     rows = prepare(raw)
     command = command or " ".join(["python -m analysis report", shlex.quote(str(results)), "--out",
                                    shlex.quote(str(out))] + (["--latex"] if latex else []))
@@ -169,13 +179,15 @@ def _header(results, raw: pd.DataFrame, rows: pd.DataFrame) -> list[str]:
     if left:
         lines.append(f"Left out of every mean, interval and figure: {counts.get('diverged', 0)} diverged and "
                      f"{left - counts.get('diverged', 0)} failed trials; each table counts them per condition "
-                     "(`excluded`).")
-    if len(raw) > len(rows):
-        lines.append(f"{len(raw) - len(rows)} rows repeated a trial_id already read (the same trial in two "
-                     "folders) and were counted once.")
+                     "(`diverged`, `failed`).")
+    repeated = raw.attrs.get("repeated_rows", 0)
+    if repeated:
+        lines.append(f"{repeated} rows repeated a trial_id already read (the same trial in two folders, or "
+                     "run again after it failed) and were counted once.")
     if "experiment" in rows.columns and len(rows):
         counts = rows["experiment"].value_counts().sort_index()
         lines.append("Experiments: " + ", ".join(f"{e} ({n})" for e, n in counts.items()) + ".")
+    lines += T.mixed_settings_lines(rows)
     lines.append("Intervals: 95% t-intervals with n-1 degrees of freedom (scipy.stats.t); ±2 std where the paper "
                  "used it (Figures 4, 6, 7, 8). A condition with one finished trial has a mean and no interval.")
     return lines

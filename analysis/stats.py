@@ -15,15 +15,14 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-# Columns that identify a condition in every experiment (everything a trial index is paired across).
-CONDITION_COLUMNS = ["experiment", "task", "model", "train_size", "k", "reinit_mode", "metric_name"]
-# Columns that identify a condition in some experiments; used when the rows carry them.
-EXTRA_CONDITION_COLUMNS = [
-    "lr_multiplier", "block_mode", "block_start", "block_size", "layer", "head", "probe", "intermediate_task",
-    "cell", "keep_layernorm", "reinit_pooler",
-]  # fmt: skip
-# Shown only where they vary: every row carries them, and they are constant in most sweeps.
-QUIET_COLUMNS = ("keep_layernorm", "reinit_pooler")
+from analysis.schema import settings
+
+# Columns a condition table always shows first, when the rows carry them.
+LEADING_COLUMNS = ["experiment", "task", "model", "train_size"]
+# Settings that other settings usually imply (reinit_layers by k or a block, a task file's labels by the
+# file): left out of a table's columns when they split nothing further.
+DERIVED = ("reinit_layers", "permutation", "multipliers", "label_names", "text_columns", "label_column",
+           "data_source", "model_type")
 
 ONE_TRIAL = "one trial: no interval"
 NO_TRIAL = "no finished trial"
@@ -59,47 +58,114 @@ def describe(values, confidence: float = 0.95) -> dict:
     }
 
 
-def summarize(rows: pd.DataFrame, by: list[str], value: str = "dev_metric", confidence: float = 0.95):
-    """One row per combination of `by` present in `rows`: `describe` of `value` over the finished trials,
-    plus how many trials were left out (`excluded` = `diverged` + `failed`; a finished trial without a
-    value counts as failed)."""
+def summarize(rows: pd.DataFrame, by: list[str], value: str = "dev_metric", confidence: float = 0.95,
+              pooled=()):
+    """One row per condition: per combination of `by` present in `rows`, split further by every setting
+    that varies within it (`split_settings`; so two settings are never pooled by accident) except those
+    named in `pooled`: `describe` of `value` over the finished trials, plus how many trials were left out
+    (`excluded` = `diverged` + `failed`; a finished trial without a value counts as failed)."""
     by = [c for c in by if c in rows.columns]
+    by += split_settings(rows, by, (*pooled, value))
     columns = [*by, "n", "excluded", "diverged", "failed", "mean", "std", "ci95_low", "ci95_high",
                "mean_minus_2std", "mean_plus_2std", "note"]
     if rows.empty or value not in rows.columns:
         return pd.DataFrame(columns=columns)
     values = pd.to_numeric(rows[value], errors="coerce")
     usable = (rows["status"] == "ok") & values.notna()
-    records = []
-    groups = rows.groupby(by, dropna=False, sort=True) if by else [((), rows)]
-    for key, group in groups:
-        key = key if isinstance(key, tuple) else (key,)
-        good = usable.loc[group.index]
-        diverged = int((group["status"] == "diverged").sum())
-        records.append({
-            **dict(zip(by, key)),
-            **describe(values.loc[group.index][good], confidence),
-            "excluded": int((~good).sum()),
-            "diverged": diverged,
-            "failed": int((~good).sum()) - diverged,
-        })
-    return pd.DataFrame.from_records(records, columns=columns)
+    # Only the columns the groups need: slicing ~100 columns per group is what made this slow.
+    frame = rows[by].assign(_value=values.where(usable), _left=~usable, _diverged=rows["status"] == "diverged")
+    groups = frame.groupby(by, dropna=False, sort=False) if by else frame.groupby(np.zeros(len(frame)))
+    table = groups.agg(n=("_value", "count"), mean=("_value", "mean"), std=("_value", "std"),
+                       excluded=("_left", "sum"), diverged=("_diverged", "sum"))
+    table = (table.reset_index() if by else table.reset_index(drop=True))
+    n = table["n"].to_numpy()
+    half = stats.t.ppf((1 + confidence) / 2, np.maximum(n - 1, 1)) * table["std"].to_numpy() / np.sqrt(np.maximum(n, 1))
+    half = np.where(table["std"].to_numpy() == 0, 0.0, half)  # zero spread: an interval of one point
+    table["ci95_low"], table["ci95_high"] = table["mean"] - half, table["mean"] + half
+    table["mean_minus_2std"], table["mean_plus_2std"] = table["mean"] - 2 * table["std"], table["mean"] + 2 * table["std"]
+    table["failed"] = table["excluded"] - table["diverged"]
+    table["note"] = np.where(n > 1, "", np.where(n == 1, ONE_TRIAL, NO_TRIAL))
+    table = table.astype({"n": int, "excluded": int, "diverged": int, "failed": int})
+    return _sorted(table[columns], by)
+
+
+def _sorted(table: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """Rows in the order of `by`, nulls last; values of mixed types (a None beside strings) never raise."""
+    if table.empty or not by:
+        return table
+    key = lambda s: s.map(lambda v: (1, "") if _missing(v) else (0, str(v))) if s.dtype == object else s  # noqa: E731
+    return table.sort_values(by, key=key, kind="stable", na_position="last").reset_index(drop=True)
+
+
+def _missing(value) -> bool:
+    return value is None or (np.isscalar(value) and pd.isna(value))
+
+
+def split_settings(rows: pd.DataFrame, by: list[str], pooled=()) -> list[str]:
+    """The settings (analysis.schema) outside `by` and `pooled` that take more than one value within a
+    group of `by`, less those the others imply (reinit_layers when k is there): the columns that keep
+    every condition apart."""
+    if rows.empty:
+        return []
+    codes = _Codes(rows)
+    groups = codes.of(by)
+    candidates = [c for c in settings(rows.columns) if c not in by and c not in pooled
+                  and _count(codes.of([c], groups)) > _count(groups)]
+    return implied_dropped(rows, by, candidates, codes)
+
+
+class _Codes:
+    """Integer codes of rows' values per column (null a value like any other), combined into group ids:
+    counting groups this way is one vectorised pass instead of a pandas groupby per question."""
+
+    def __init__(self, rows: pd.DataFrame):
+        self.rows, self.cache = rows, {}
+
+    def column(self, name: str) -> np.ndarray:
+        if name not in self.cache:
+            self.cache[name] = pd.factorize(self.rows[name], use_na_sentinel=False)[0]
+        return self.cache[name]
+
+    def of(self, columns, base: np.ndarray | None = None) -> np.ndarray:
+        ids = np.zeros(len(self.rows), dtype=np.int64) if base is None else base
+        for name in columns:
+            values = self.column(name)
+            ids = pd.factorize(ids * (int(values.max(initial=0)) + 1) + values)[0]
+        return ids
+
+
+
+def _count(ids: np.ndarray) -> int:
+    """How many groups the ids of `_Codes.of` make."""
+    return int(ids.max(initial=-1)) + 1
+
+
+def implied_dropped(rows: pd.DataFrame, fixed: list[str], extra: list[str], codes=None) -> list[str]:
+    """`extra` less each `DERIVED` column whose values the rest of `fixed` + `extra` already determine."""
+    codes = codes or _Codes(rows)
+    kept = list(extra)
+    groups = _count(codes.of([*fixed, *kept]))
+    for column in [c for c in extra if c in DERIVED]:
+        rest = [c for c in kept if c != column]
+        if _count(codes.of([*fixed, *rest])) == groups:
+            kept = rest
+    return kept
 
 
 def condition_columns(rows: pd.DataFrame) -> list[str]:
-    """The columns that tell conditions apart in `rows`: the common ones, and each experiment-specific
-    one that is set somewhere (keep_layernorm and reinit_pooler only where they vary)."""
-    extra = [
-        c for c in EXTRA_CONDITION_COLUMNS
-        if c in rows.columns and rows[c].notna().any() and (c not in QUIET_COLUMNS or rows[c].nunique() > 1)
-    ]
-    by = [c for c in CONDITION_COLUMNS if c in rows.columns]
-    return by[:-1] + extra + by[-1:] if by and by[-1] == "metric_name" else by + extra
+    """The columns that tell conditions apart in `rows`: experiment, task, model and size, then every
+    setting (analysis.schema) that varies, less those the others imply, then metric_name."""
+    lead = [c for c in LEADING_COLUMNS if c in rows.columns]
+    codes = _Codes(rows)
+    varying = [c for c in settings(rows.columns) if c not in lead and _count(codes.of([c])) > 1]
+    tail = ["metric_name"] if "metric_name" in rows.columns else []
+    return [*lead, *implied_dropped(rows, lead, varying, codes), *tail]
 
 
 def condition_table(rows: pd.DataFrame, value: str = "dev_metric") -> pd.DataFrame:
     """n, mean, std, 95% t-interval and +-2 std per condition, from finished (status ok) trials only;
-    `excluded` counts the diverged and failed trials left out of each condition."""
+    `excluded` counts the diverged and failed trials left out of each condition, by kind in `diverged`
+    and `failed`."""
     return summarize(rows, condition_columns(rows), value)
 
 

@@ -16,8 +16,11 @@ import itertools
 import numpy as np
 import pandas as pd
 
+from scipy import stats
+
 from analysis.results import CORE_COLUMNS, as_list
-from analysis.stats import condition_table, correlation, describe, summarize
+from analysis.schema import settings
+from analysis.stats import condition_columns, condition_table, correlation, split_settings, summarize
 
 # Experiments this module knows (docs/results-schema.md); rows of any other experiment still get a table
 # (`other_table`), so nothing a sweep wrote is silently dropped.
@@ -40,6 +43,34 @@ METRIC_NAMES = {
 
 SUMMARY_COLUMNS = ["n", "excluded", "diverged", "failed", "mean", "std", "ci95_low", "ci95_high",
                    "mean_minus_2std", "mean_plus_2std", "note"]
+# What each experiment's own table keeps apart; any other setting that varies is a mixed setting (it is
+# kept apart too, and the report says so).
+EXPERIMENT_COLUMNS = {
+    "incremental": ["task", "model", "train_size", "reinit_mode", "k"],
+    "layernorm": ["task", "model", "train_size", "reinit_mode", "keep_layernorm", "k"],
+    "reinit-lr": ["task", "model", "train_size", "reinit_mode", "lr_multiplier", "k"],
+    "localized": ["task", "model", "train_size", "reinit_mode", "block_mode", "block_size", "block_start"],
+    "single-layer": ["task", "model", "train_size", "reinit_mode", "layer"],
+    "permutation": ["task", "model", "train_size", "permutation"],
+    "heads": ["task", "model", "train_size", "reinit_mode", "layer", "head"],
+    "sequential": ["task", "model", "train_size", "intermediate_task"],
+    "probing": ["task", "model", "train_size", "probe", "layer"],
+    "lr-multipliers": ["task", "model", "train_size", "k", "group", "multipliers"],
+}
+# Settings that change nothing when no layer, head or pooler is reset: every such row of one task, model,
+# size, training recipe and trial index is the same computation (the full model), whichever experiment or
+# reinit mode ran it.
+FULL_MODEL_NEUTRAL = ("experiment", "k", "reinit_layers", "reinit_mode", "keep_layernorm", "lr_multiplier",
+                      "layer", "head", "block_mode", "block_start", "block_size", "permutation")
+PAIR_COLUMNS = ("trial_index", "subset_seed", "seed")  # what the conditions of one trial index share
+# Columns the tables make (never row settings), so figures do not split by them.
+MADE_COLUMNS = (*SUMMARY_COLUMNS, "block", "baseline", "delta", "direct", "source", "reference", "trials",
+                "mean_stop_epoch", "final_task", "weight_layer", "pairs", "mean_difference", "wilcoxon_p")
+
+
+def setting_columns(columns) -> list[str]:
+    """The settings among a table's `columns` (not the columns the tables make themselves)."""
+    return [c for c in settings(columns) if c not in MADE_COLUMNS and not str(c).startswith("_")]
 
 
 # --- selecting rows ---------------------------------------------------------------------------------
@@ -72,7 +103,14 @@ def _sort(table: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
     if table.empty or not columns:
         return table.reset_index(drop=True)
     tasks = ("task", "task_a", "task_b", "final_task", "intermediate_task")
-    key = lambda s: s.map(task_key) if s.name in tasks else s  # noqa: E731
+
+    def key(column: pd.Series) -> pd.Series:
+        if column.name in tasks:
+            return column.map(lambda v: (1, (0, "")) if v is None or v is pd.NA or v != v else (0, task_key(v)))
+        if column.dtype == object:  # a None beside strings must not raise
+            return column.map(lambda v: (1, "") if v is None or v is pd.NA or v != v else (0, str(v)))
+        return column
+
     return table.sort_values(columns, key=key, kind="stable", na_position="last").reset_index(drop=True)
 
 
@@ -99,14 +137,38 @@ def num_layers(rows: pd.DataFrame) -> dict:
 
 
 def _full_model_mask(rows: pd.DataFrame) -> pd.Series:
-    """Rows that finetune the whole pretrained model with nothing reset."""
-    mask = rows["experiment"].isin(FINETUNE_EXPERIMENTS) & rows["reinit_layers"].map(lambda v: len(as_list(v)) == 0)
-    for column in ("head", "permutation_index"):
-        if column in rows.columns:
-            mask &= rows[column].isna()
+    """Rows that finetune the whole pretrained model with nothing reset or reordered."""
+    mask = rows["experiment"].isin(FINETUNE_EXPERIMENTS) & rows["reinit_layers"].map(_no_items)
+    if "head" in rows.columns:
+        mask &= rows["head"].isna()
+    if "permutation" in rows.columns:
+        mask &= rows["permutation"].map(_no_items)
     if "reinit_pooler" in rows.columns:
-        mask &= ~rows["reinit_pooler"].fillna(False).astype(bool)
+        mask &= ~rows["reinit_pooler"].astype(object).where(rows["reinit_pooler"].notna(), False).astype(bool)
     return mask
+
+
+def _no_items(value) -> bool:
+    """An empty or null list cell."""
+    return len(value) == 0 if hasattr(value, "__len__") else True
+
+
+def full_model_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """The full-model rows, each computation once: rows of the same recipe and trial index that differ only
+    in `FULL_MODEL_NEUTRAL` (incremental k = L under both reinit modes, the heads baseline, ...) are one
+    trial; the incremental grid's row is the one kept."""
+    full = rows[_full_model_mask(rows)]
+    if full.empty:
+        return full
+    key = [*computation_columns(full), *[c for c in PAIR_COLUMNS if c in full.columns]]
+    first = full.assign(_incremental=full["experiment"] != "incremental").sort_values("_incremental", kind="stable")
+    kept = first.drop_duplicates(key, keep="first").index.sort_values()
+    return full.loc[kept]
+
+
+def computation_columns(rows: pd.DataFrame) -> list[str]:
+    """The settings that define a full-model computation (every setting but `FULL_MODEL_NEUTRAL`)."""
+    return [c for c in settings(rows.columns) if c not in FULL_MODEL_NEUTRAL]
 
 
 # --- the tables ---------------------------------------------------------------------------------------
@@ -128,22 +190,19 @@ def status_table(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def reference_table(rows: pd.DataFrame) -> pd.DataFrame:
-    """The two reference lines of Figures 3 and 4, per task, model and size: 'full model' (every layer
-    pretrained: incremental k=L, or another finetuning experiment's row with nothing reset when the
-    incremental grid has none) and 'embeddings only' (incremental k=0, per reinit_mode)."""
+    """The two reference lines of Figures 3, 4 and 6, per task, model and size (and any setting that
+    varies): 'full model' (every layer pretrained: `full_model_rows`, each computation once whatever the
+    reinit mode or experiment that ran it) and 'embeddings only' (incremental k=0, per reinit_mode)."""
     columns = ["task", "model", "train_size", "reference", "reinit_mode", "source", "metric_name", *SUMMARY_COLUMNS]
     if rows.empty or "reinit_layers" not in rows.columns:
         return pd.DataFrame(columns=columns)
     parts = []
-    full = rows[_full_model_mask(rows)]
+    full = full_model_rows(rows)
     if len(full):
-        # Prefer the incremental grid's k=L cell where it exists.
-        cell = ["task", "model", "train_size"]
-        has_incremental = full.groupby(cell, dropna=False)["experiment"].transform(lambda e: (e == "incremental").any())
-        full = full[~has_incremental | (full["experiment"] == "incremental")]
-        table = summarize(full, [*cell, "metric_name"])
-        sources = full.groupby(cell, dropna=False)["experiment"].agg(lambda e: ", ".join(sorted(set(e))))
-        table["source"] = [sources.loc[tuple(r)] for r in table[cell].itertuples(index=False)]
+        table = summarize(full, ["task", "model", "train_size", "metric_name"], pooled=FULL_MODEL_NEUTRAL)
+        cell = [c for c in table.columns if c not in SUMMARY_COLUMNS]
+        sources = full.groupby(cell, dropna=False, sort=False)["experiment"].agg(lambda e: ", ".join(sorted(set(e))))
+        table = table.merge(sources.rename("source").reset_index(), on=cell, how="left")
         parts.append(table.assign(reference="full model", reinit_mode=pd.NA))
     embeddings = rows[(rows["experiment"] == "incremental") & (_col(rows, "k") == 0).fillna(False)]
     if len(embeddings):
@@ -151,17 +210,24 @@ def reference_table(rows: pd.DataFrame) -> pd.DataFrame:
         parts.append(table.assign(reference="embeddings only", source="incremental"))
     if not parts:
         return pd.DataFrame(columns=columns)
-    table = pd.concat(parts, ignore_index=True)[columns]
-    return _sort(table, ["task", "model", "train_size", "reference", "reinit_mode"])
+    table = pd.concat(parts, ignore_index=True)
+    extra = [c for c in table.columns if c not in columns]
+    table = table[[*columns[:3], *extra, *columns[3:]]]
+    return _sort(table, ["task", "model", "train_size", *extra, "reference", "reinit_mode"])
 
 
-def reference_values(refs: pd.DataFrame, task, model, train_size, reinit_mode=None) -> dict:
+def reference_values(refs: pd.DataFrame, task, model, train_size, reinit_mode=None, condition=None) -> dict:
     """From `reference_table(rows)`: {'full model': its row as a dict, 'embeddings only': ...} for one
-    cell; a reference the rows do not have is absent."""
+    cell; a reference the rows do not have is absent. `condition` (a row of a table: its settings) picks,
+    where the references differ in a setting (epochs 3 and 10), the one of the same setting."""
     out = {}
     if refs.empty:
         return out
     cell = refs[(refs["task"] == task) & (refs["model"] == model) & (refs["train_size"] == train_size)]
+    for column, value in (condition or {}).items():
+        if column in cell.columns and column not in ("reinit_mode", "task", "model", "train_size") \
+                and column in setting_columns([column]) and column not in FULL_MODEL_NEUTRAL:
+            cell = cell[(cell[column] == value) | (cell[column].isna() & pd.isna(value))]
     for name, group in cell.groupby("reference"):
         if name == "embeddings only" and reinit_mode is not None and (group["reinit_mode"] == reinit_mode).any():
             group = group[group["reinit_mode"] == reinit_mode]
@@ -169,12 +235,88 @@ def reference_values(refs: pd.DataFrame, task, model, train_size, reinit_mode=No
     return out
 
 
+def paired_differences(rows: pd.DataFrame) -> pd.DataFrame:
+    """Every condition of the finetuning experiments against the full model, trial index by trial index
+    (each index trains every condition on the same subset, with the same seeds): the mean paired difference
+    (condition minus full model), its paired 95% t-interval (n-1 df) and the two-sided Wilcoxon signed-rank
+    p-value (scipy.stats.wilcoxon), over the indices where both finished."""
+    columns = ["experiment", "task", "model", "train_size", "pairs", "mean_difference", "ci95_low", "ci95_high",
+               "wilcoxon_p", "note"]
+    if rows.empty or "reinit_layers" not in rows.columns:
+        return pd.DataFrame(columns=columns)
+    ok = rows[(rows["status"] == "ok") & rows["dev_metric"].notna()]
+    full = full_model_rows(ok)
+    picked = ok[ok["experiment"].isin(FINETUNE_EXPERIMENTS) & ~_full_model_mask(ok)]
+    if full.empty or picked.empty:
+        return pd.DataFrame(columns=columns)
+    on = [*computation_columns(full), *[c for c in PAIR_COLUMNS if c in full.columns]]
+    on = [c for c in on if c in picked.columns]
+    reference = full[[*on, "dev_metric"]].rename(columns={"dev_metric": "_full"})
+    pairs = picked.reset_index(drop=True).merge(reference, on=on, how="left")
+    pairs["_difference"] = pairs["dev_metric"] - pairs["_full"]
+    records = []
+    for experiment, part in pairs.groupby("experiment", sort=False):
+        own = condition_columns(part.drop(columns=["_full", "_difference"]))
+        by = [*dict.fromkeys([*own, *EXPERIMENT_COLUMNS.get(experiment, [])])]
+        by = [c for c in by if c in part.columns and c != "metric_name"] + ["metric_name"]
+        for key, group in part[[*by, "_difference"]].groupby(by, dropna=False, sort=False):
+            records.append({**dict(zip(by, key)), "_differences": group["_difference"].dropna().to_numpy(float)})
+    table = pd.DataFrame.from_records(records)
+    table = pd.concat([table.drop(columns="_differences"), _paired(table["_differences"])], axis=1)
+    order = [c for c in table.columns if c not in columns[4:]] + columns[4:]
+    return _sort(table[order], [c for c in order if c not in columns[4:]])
+
+
+def _paired(samples: pd.Series) -> pd.DataFrame:
+    """Per sample of paired differences: n, mean, 95% t-interval, Wilcoxon p (two-sided), note. Samples of
+    one size go to scipy together (along axis 1), not one call each."""
+    n = samples.map(len).to_numpy()
+    mean = np.array([d.mean() if len(d) else np.nan for d in samples])
+    std = np.array([d.std(ddof=1) if len(d) > 1 else np.nan for d in samples])
+    half = stats.t.ppf(0.975, np.maximum(n - 1, 1)) * std / np.sqrt(np.maximum(n, 1))
+    half = np.where(std == 0, 0.0, half)
+    zero = np.array([len(d) > 0 and not np.any(d) for d in samples])
+    out = pd.DataFrame({"pairs": n, "mean_difference": mean, "ci95_low": mean - half, "ci95_high": mean + half,
+                        "wilcoxon_p": np.nan}, index=samples.index)
+    out["note"] = np.where(n == 0, "no trial index where both this condition and the full model finished",
+                           np.where(zero, "every difference is zero", ""))
+    testable = (n > 0) & ~zero
+    for _, same in out[testable].groupby("pairs"):
+        matrix = np.stack(samples.loc[same.index].to_list())
+        out.loc[same.index, "wilcoxon_p"] = np.atleast_1d(stats.wilcoxon(matrix, axis=1).pvalue)
+    return out
+
+
+def mixed_settings(rows: pd.DataFrame) -> dict[str, dict[str, list]]:
+    """{experiment: {setting: its values}} for settings that vary beyond what the experiment's own table
+    keeps apart (epochs 3 and 10 in one store): every table and figure keeps them apart too."""
+    out = {}
+    for experiment, part in rows.groupby("experiment", sort=True) if "experiment" in rows.columns else []:
+        by = [c for c in EXPERIMENT_COLUMNS.get(experiment, condition_columns(part)) if c in part.columns]
+        mixed = split_settings(part, by)
+        if mixed:
+            out[experiment] = {c: sorted(map(str, part[c].dropna().unique())) for c in mixed}
+    return out
+
+
+def mixed_settings_lines(rows: pd.DataFrame) -> list[str]:
+    """One sentence for the report and `summary` when the rows mix settings; none when they do not."""
+    mixed = mixed_settings(rows)
+    if not mixed:
+        return []
+    parts = ["; ".join(f"{experiment} has {c} = {', '.join(v)}" for c, v in by.items())
+             for experiment, by in mixed.items()]
+    return ["This store mixes settings (" + "; ".join(parts) + "): each value is its own condition in every "
+            "table and figure, which show the column."]
+
+
 def _experiment_table(rows, experiments, by):
     picked = of(rows, *experiments)
     if picked.empty:
         return pd.DataFrame(columns=[*by, *SUMMARY_COLUMNS])
     by = [c for c in by if c in picked.columns]
-    return _sort(summarize(picked, by), by)
+    table = summarize(picked, by)
+    return _sort(table, [c for c in table.columns if c not in SUMMARY_COLUMNS])
 
 
 def incremental_table(rows: pd.DataFrame, experiment: str = "incremental") -> pd.DataFrame:
@@ -201,51 +343,60 @@ def single_layer_table(rows: pd.DataFrame) -> pd.DataFrame:
     return _experiment_table(rows, ["single-layer"], by)
 
 
+def permutation_means(rows: pd.DataFrame) -> pd.DataFrame:
+    """One row per permutation (its layer order), task and setting: its finished trials averaged
+    (`dev_metric`, `trials`), so that a permutation run several times counts once. Status 'ok' when at
+    least one of its trials finished, else its trials' worst."""
+    picked = of(rows, "permutation")
+    if picked.empty or "permutation" not in picked.columns:
+        return picked.iloc[0:0]
+    by = [c for c in [*EXPERIMENT_COLUMNS["permutation"], *split_settings(picked, EXPERIMENT_COLUMNS["permutation"])]
+          if c in picked.columns] + ["metric_name"]
+    ok = (picked["status"] == "ok") & picked["dev_metric"].notna()
+    grouped = picked.assign(_ok=ok, _value=picked["dev_metric"].where(ok)).groupby(by, dropna=False, sort=False)
+    means = grouped.agg(dev_metric=("_value", "mean"), trials=("_ok", "sum"),
+                        diverged=("status", lambda s: (s == "diverged").any())).reset_index()
+    means["status"] = np.where(means["trials"] > 0, "ok", np.where(means["diverged"], "diverged", "error"))
+    return means.drop(columns="diverged")
+
+
 def permutation_table(rows: pd.DataFrame) -> pd.DataFrame:
-    """Figure 4's numbers: the spread of outcomes over layer permutations, per task."""
-    return _experiment_table(rows, ["permutation"], ["task", "model", "train_size", "metric_name"])
+    """Figure 4's numbers: the spread of outcomes over layer permutations, per task: n is the number of
+    permutations (each one's repeats averaged first, `permutation_means`), `trials` the trials behind them."""
+    means = permutation_means(rows)
+    if means.empty:
+        return pd.DataFrame(columns=["task", "model", "train_size", "metric_name", *SUMMARY_COLUMNS, "trials"])
+    by = [c for c in means.columns if c not in ("permutation", "dev_metric", "trials", "status")]
+    table = summarize(means, by, pooled=("permutation", "trials"))
+    trials = means.groupby(by, dropna=False, sort=False)["trials"].sum().reset_index()
+    return _sort(table.merge(trials, on=by, how="left"), by)
 
 
 def permutation_correlations(rows: pd.DataFrame) -> pd.DataFrame:
     """Table 1: for every pair of tasks, Spearman and Pearson correlation (two-sided p-values, N) between
-    the two tasks' outcomes of the same permutation. Rows are paired by `permutation_index` (the n-th
-    permutation is the same for every task), never by row order; several trials of one permutation and
-    task are averaged first. A permutation whose layer order differs between the two tasks is named in
-    `note`."""
+    the two tasks' outcomes of the same permutation. A permutation is its layer order (`permutation`): two
+    sweeps' n-th permutations are different permutations, and one order drawn twice is one permutation;
+    its trials are averaged first (`permutation_means`). Never paired by row order or trial index."""
     columns = ["model", "train_size", "task_a", "task_b", "n", "spearman", "spearman_p", "pearson", "pearson_p", "note"]
-    picked = of(rows, "permutation")
-    if picked.empty:
+    means = permutation_means(rows)
+    if means.empty:
         return pd.DataFrame(columns=columns)
-    key = "permutation_index" if "permutation_index" in picked.columns else "trial_index"
-    ok = picked[(picked["status"] == "ok") & picked["dev_metric"].notna() & picked[key].notna()]
+    cell = [c for c in means.columns if c not in ("task", "permutation", "dev_metric", "trials", "status",
+                                                  "metric_name")]
     records = []
-    for (model, size), group in picked.groupby(["model", "train_size"], dropna=False, sort=True):
-        cell = ok[(ok["model"] == model) & (ok["train_size"] == size)]
-        wide = cell.groupby([key, "task"])["dev_metric"].mean().unstack("task")
-        orders = _permutation_orders(cell, key)
+    for key, group in means.groupby(cell, dropna=False, sort=True):
+        key = key if isinstance(key, tuple) else (key,)
+        here = group[group["status"] == "ok"]
+        wide = here.pivot_table(index="permutation", columns="task", values="dev_metric", aggfunc="mean")
         for task_a, task_b in itertools.combinations(tasks_in(group), 2):
             if task_a not in wide.columns or task_b not in wide.columns:
                 pair = pd.DataFrame(columns=[task_a, task_b])
             else:
                 pair = wide[[task_a, task_b]].dropna()
             result = correlation(pair[task_a].to_numpy(float), pair[task_b].to_numpy(float))
-            notes = [result["note"]] if result["note"] else []
-            if key != "permutation_index":
-                notes.append("no permutation_index column: paired by trial_index")
-            mismatched = [i for i in pair.index if orders.get((i, task_a)) is not None
-                          and orders.get((i, task_b)) is not None and orders[(i, task_a)] != orders[(i, task_b)]]
-            if mismatched:
-                notes.append(f"layer order differs between the tasks for permutation {', '.join(map(str, mismatched))}")
-            records.append({"model": model, "train_size": size, "task_a": task_a, "task_b": task_b,
-                            **result, "note": "; ".join(notes)})
-    return pd.DataFrame.from_records(records, columns=columns)
-
-
-def _permutation_orders(rows: pd.DataFrame, key: str) -> dict:
-    if "permutation" not in rows.columns:
-        return {}
-    return {(i, t): tuple(as_list(p)) for i, t, p in zip(rows[key], rows["task"], rows["permutation"])
-            if len(as_list(p))}
+            records.append({**dict(zip(cell, key)), "task_a": task_a, "task_b": task_b, **result})
+    extra = [c for c in cell if c not in columns]
+    return pd.DataFrame.from_records(records, columns=[*columns[:2], *extra, *columns[2:]])
 
 
 def probing_table(rows: pd.DataFrame) -> pd.DataFrame:
@@ -287,7 +438,8 @@ def _beside_incremental(rows, experiment, column, incremental_value):
         base = base.assign(**{column: values.where(values.notna(), incremental_value)})
     both = pd.concat([base, picked], ignore_index=True) if len(base) else picked
     table = summarize(both, ["experiment", *[c for c in by if c in both.columns]])
-    return _sort(table, ["task", "model", "train_size", "reinit_mode", column, "k"])
+    extra = [c for c in table.columns if c not in SUMMARY_COLUMNS and c not in by and c != "experiment"]
+    return _sort(table, ["task", "model", "train_size", *extra, "reinit_mode", column, "k"])
 
 
 def heads_table(rows: pd.DataFrame) -> pd.DataFrame:
@@ -300,15 +452,20 @@ def heads_table(rows: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=[*by, *SUMMARY_COLUMNS, "baseline", "delta"])
     table = _experiment_table(rows[rows.index.isin(picked.index[picked["head"].notna()])], ["heads"], by)
     own = picked[picked["head"].isna()]
+    keys = [c for c in table.columns if c not in MADE_COLUMNS and c not in ("layer", "head", "metric_name")]
+    if len(own):
+        baseline = summarize(own, [c for c in keys if c in own.columns], pooled=("layer", "head"))
+        on = [c for c in baseline.columns if c in keys]
+        table = table.merge(baseline[[*on, "mean"]].rename(columns={"mean": "baseline"}), on=on, how="left")
+    else:
+        table["baseline"] = np.nan
     refs = reference_table(rows)
-    baselines = []
-    for task, model, size in zip(table["task"], table["model"], table["train_size"]):
-        same = own[(own["task"] == task) & (own["model"] == model) & (own["train_size"] == size)]
-        if len(same):
-            baselines.append(describe(same.loc[same["status"] == "ok", "dev_metric"].dropna())["mean"])
-        else:
-            baselines.append(reference_values(refs, task, model, size).get("full model", {}).get("mean", np.nan))
-    table["baseline"] = baselines
+    full = refs[refs["reference"] == "full model"]
+    on = [c for c in full.columns if c in keys and c not in ("reinit_mode", "source", "reference")]
+    if len(full) and table["baseline"].isna().any():  # no baseline of its own: the full-model reference
+        reference = full[[*on, "mean"]].rename(columns={"mean": "_full"}).drop_duplicates(on)
+        table = table.merge(reference, on=on, how="left")
+        table["baseline"] = table["baseline"].fillna(table.pop("_full"))
     table["delta"] = table["mean"] - table["baseline"]
     return table
 
@@ -356,15 +513,14 @@ def weight_distance_table(rows: pd.DataFrame) -> pd.DataFrame:
     if carrying.empty:
         return pd.DataFrame(columns=["experiment", "task", "weight_layer", *SUMMARY_COLUMNS])
     carrying = carrying.dropna(axis=1, how="all")
-    long = carrying.assign(
-        weight_layer=carrying["weight_distance"].map(lambda v: list(range(1, len(as_list(v)) + 1))),
-        distance=carrying["weight_distance"].map(as_list),
-    ).explode(["weight_layer", "distance"])
-    long["weight_layer"] = long["weight_layer"].astype("Int64")
-    long["distance"] = pd.to_numeric(long["distance"], errors="coerce")
-    from analysis.stats import condition_columns
-
-    by = [c for c in condition_columns(carrying) if c != "metric_name"] + ["weight_layer"]
+    by = [c for c in condition_columns(carrying) if c != "metric_name"]
+    distances = [np.asarray(v, dtype=float) for v in carrying["weight_distance"]]
+    lengths = np.array([len(d) for d in distances])
+    # One row per (trial, layer), of the columns the table needs only: L times the trials.
+    long = carrying[[*by, "status"]].loc[carrying.index.repeat(lengths)]
+    long["weight_layer"] = pd.array(np.concatenate([np.arange(1, n + 1) for n in lengths]), dtype="Int64")
+    long["distance"] = np.concatenate(distances)
+    by = [*by, "weight_layer"]
     return _sort(summarize(long.reset_index(drop=True), by, value="distance"), by)
 
 

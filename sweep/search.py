@@ -30,7 +30,7 @@ from ray.tune import Callback
 from sweep.checks import cannot_start
 from sweep.grid import TrialSpec
 from sweep.runner import library_versions, result_fields, trial_error
-from sweep.store import filesystem, join, parent, write_row
+from sweep.store import filesystem, join, parent, stored_trial_ids, write_row
 
 VAL_METRIC = "val_metric"  # the only figure the search reads: the held-out part of the training subset
 FINISHED = ("ok", "diverged", "pruned")  # rows of trials a resumed study does not run again
@@ -153,11 +153,7 @@ class SearchRowWriter(Callback):
 
 def count_rows(folder: Path | str, prefix: str) -> int:
     """How many rows in `folder` (a local folder or a storage URI) have a trial_id starting with `prefix`."""
-    import pyarrow.fs
-
-    fs, path = filesystem(folder)
-    found = fs.get_file_info(pyarrow.fs.FileSelector(path, allow_not_found=True))
-    return sum(f.base_name.startswith(prefix) and f.base_name.endswith(".parquet") for f in found)
+    return sum(trial_id.startswith(prefix) for trial_id in stored_trial_ids(folder))
 
 
 def experiment_dir(tune_dir: Path | str, spec: TrialSpec) -> Path | str:

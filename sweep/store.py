@@ -1,10 +1,17 @@
-"""The results store: one Parquet file per finished trial, named by its trial_id.
+"""The results store: a trial's row lands as its own Parquet file, named by its trial_id; every
+`COMPACT_AT` such files are compacted into one part file, so a store of 50,000 trials is a few dozen files.
 
 A file appears whole or not at all, so a crash, a second sweep writing into the same folder, or an analysis
 reading mid-sweep never meets half a file; and since the name is the trial_id, a trial that is run again
-replaces its row instead of adding a second one. On a local or network file system a row is written aside
+replaces its row instead of adding a second one. On a local or network file system a file is written aside
 under a hidden name, then renamed; on an object store (s3://, gs://) one upload is already all-or-nothing,
-so the row goes straight to its key.
+so it goes straight to its key. Every file has the declared row schema (`analysis.schema`).
+
+Compaction never loses a row: a part file is complete before any file it holds is deleted, and a file is
+deleted only if it is still the one that was read (a trial rewritten meanwhile keeps its new file). A crash
+in between, or two compactions at once, leave a row in two files; readers keep one row per trial
+(`analysis.results.unique_trials`). Parts merge like a log-structured tree: `FANOUT` parts of one level
+become one part of the next, so each row is rewritten a few times at most.
 
 Storage is a local folder or any URI pyarrow.fs understands (s3://bucket/prefix, gs://bucket/prefix,
 file:///path); pyarrow's URI options work too, e.g. s3://bucket/prefix?endpoint_override=host:9000&scheme=http
@@ -12,7 +19,9 @@ for an S3-compatible server. Local folders come back as `Path`s, remote location
 """
 from __future__ import annotations
 
+import itertools
 import os
+import time
 import uuid
 from pathlib import Path
 
@@ -20,10 +29,13 @@ import pyarrow as pa
 import pyarrow.fs
 import pyarrow.parquet as pq
 
-from analysis.results import read_results
+from analysis.results import FINISHED, read_files, read_results
+from analysis.schema import rows_table
 
-FINISHED = ("ok", "diverged")  # statuses a rerun skips: running them again would give the same answer
 OBJECT_STORES = ("s3", "gcs")  # pyarrow.fs type names whose uploads appear whole or not at all
+COMPACT_AT = 100  # single-row files that make a part file: 50,000 rows would otherwise be 50,000 files
+FANOUT = 10  # parts of one level merged into one part of the next level
+PART = "part-"
 
 
 def location(storage) -> Path | str:
@@ -61,21 +73,68 @@ def filesystem(where: Path | str) -> tuple[pyarrow.fs.FileSystem, str]:
 
 
 def write_row(folder: Path | str, row: dict) -> Path | str:
-    table = pa.Table.from_pylist([row])
-    name = f"{row['trial_id']}.parquet"
+    """Land one trial's row as `<trial_id>.parquet`, then compact if `COMPACT_AT` such files wait."""
+    where = put_file(folder, f"{row['trial_id']}.parquet", rows_table([row]))
+    fs, path = filesystem(folder)
+    if len(_listing(fs, path)[0]) >= COMPACT_AT:
+        compact(folder)
+    return where
+
+
+def put_file(folder: Path | str, name: str, table: pa.Table) -> Path | str:
+    """Write `table` to `folder`/`name` so that it appears whole or not at all (replacing a file there)."""
     fs, path = filesystem(folder)
     if fs.type_name in OBJECT_STORES:
         pq.write_table(table, f"{path}/{name}", filesystem=fs)
         return join(folder, name)
     fs.create_dir(path)
     # Dot-prefixed: pyarrow and pandas dataset readers (and read_results) skip it until the move shows it.
-    partial = f"{path}/.{row['trial_id']}.{uuid.uuid4().hex}.tmp"
+    partial = f"{path}/.{name}.{uuid.uuid4().hex}.tmp"
     pq.write_table(table, partial, filesystem=fs)
     if isinstance(fs, pyarrow.fs.LocalFileSystem):
-        os.replace(partial, f"{path}/{name}")  # atomic, and replaces a row written before
+        os.replace(partial, f"{path}/{name}")  # atomic, and replaces a file written before
     else:
         fs.move(partial, f"{path}/{name}")
     return join(Path(path) if isinstance(fs, pyarrow.fs.LocalFileSystem) else folder, name)
+
+
+def compact(folder: Path | str) -> int:
+    """Merge the single-row files of `folder` into a part file, and every `FANOUT` parts of a level into
+    one of the next; returns how many files it merged. Safe beside writers, readers and other compactions."""
+    fs, path = filesystem(folder)
+    if fs.get_file_info(path).type != pyarrow.fs.FileType.Directory:
+        return 0
+    loose = _listing(fs, path)[0]
+    merged = _merge(folder, fs, loose, level=0) if loose else 0
+    for level in itertools.count():
+        same = [p for p in _listing(fs, path)[1] if p.base_name.startswith(f"{PART}{level}-")]
+        if len(same) < FANOUT:
+            return merged
+        merged += _merge(folder, fs, same, level + 1)
+
+
+def _listing(fs, path: str) -> tuple[list, list]:
+    """(single-row files, part files) directly in `path`."""
+    found = fs.get_file_info(pyarrow.fs.FileSelector(path, allow_not_found=True))
+    visible = [f for f in found if f.is_file and f.base_name.endswith(".parquet")
+               and not f.base_name.startswith((".", "_"))]
+    return ([f for f in visible if not f.base_name.startswith(PART)],
+            [f for f in visible if f.base_name.startswith(PART)])
+
+
+def _merge(folder, fs, files: list, level: int) -> int:
+    try:
+        table = read_files(fs, [f.path for f in files])
+    except FileNotFoundError:  # another compaction took some of them first: it holds their rows now
+        return 0
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    put_file(folder, f"{PART}{level}-{stamp}-{uuid.uuid4().hex[:12]}.parquet", table)
+    for read in files:
+        now = fs.get_file_info(read.path)
+        # A file rewritten since it was read (a failed trial run again) keeps its new row.
+        if now.type == pyarrow.fs.FileType.File and (now.mtime, now.size) == (read.mtime, read.size):
+            fs.delete_file(read.path)
+    return len(files)
 
 
 def finished_trial_ids(folder: Path | str) -> set[str]:
@@ -84,6 +143,14 @@ def finished_trial_ids(folder: Path | str) -> set[str]:
         return set()
     table = read_results(folder, columns=["trial_id", "status"])
     return set(table.loc[table["status"].isin(FINISHED), "trial_id"])
+
+
+def stored_trial_ids(folder: Path | str) -> set[str]:
+    """Every trial with a row under `folder`, whichever file holds it."""
+    fs, path = filesystem(folder)
+    if fs.get_file_info(path).type != pyarrow.fs.FileType.Directory:
+        return set()
+    return set(read_results(folder, columns=["trial_id"])["trial_id"])
 
 
 def parent(where: Path | str) -> Path | str:

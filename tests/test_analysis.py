@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from analysis.results import read_results
+from analysis.results import read_results, read_table
 from analysis.stats import condition_table, t_interval
 
 
@@ -134,8 +134,9 @@ def test_prepare_makes_integer_columns_integers_and_counts_a_trial_once(tmp_path
     a.to_parquet(tmp_path / "one" / "rows.parquet")
     b.to_parquet(tmp_path / "two" / "rows.parquet")
     (tmp_path / "one" / ".t3.tmp.parquet").write_bytes(b"half a file")  # written aside: never read
-    raw = read_results(tmp_path)
-    assert len(raw) == 3
+    assert read_table(tmp_path).num_rows == 3  # as stored
+    raw = read_results(tmp_path)  # one row per trial
+    assert len(raw) == 2 and raw.attrs["repeated_rows"] == 1
     rows = prepare(raw)
     assert len(rows) == 2 and str(rows["k"].dtype) == "Int64" and str(rows["permutation_index"].dtype) == "Int64"
     assert rows.set_index("trial_id").loc["t1", "status"] == "ok"  # the finished copy wins over the failed one

@@ -6,6 +6,7 @@ on real sweep results when there are some (REINIT_SWEEP_RESULTS, or the demo run
 from __future__ import annotations
 
 import ast
+import itertools
 import os
 import subprocess
 import sys
@@ -44,13 +45,16 @@ def report(results, tmp_path_factory):
 # --- Table 1: paired by permutation index -----------------------------------------------------------
 
 
+ORDERS = list(itertools.permutations(range(1, 5)))  # index i: the i-th of the 24 orders of 4 layers
+
+
 def _permutation_rows(rng, values: dict, shuffle_trial_index=False) -> list[dict]:
     out = []
     for task, per_index in values.items():
         for i, value in per_index.items():
             out.append({"trial_id": f"p-{task}-{i}", "experiment": "permutation", "task": task, "model": "m",
                         "train_size": 5000, "trial_index": int(rng.integers(100)) if shuffle_trial_index else i,
-                        "permutation_index": i, "permutation": [1 + (i + j) % 4 for j in range(4)],
+                        "permutation_index": i, "permutation": list(ORDERS[i]),
                         "reinit_layers": [], "reinit_mode": "intended", "metric_name": "accuracy",
                         "status": "ok", "dev_metric": value})
     return out
@@ -96,15 +100,18 @@ def test_permutation_correlations_use_only_permutations_both_tasks_finished():
     assert table.loc[0, "pearson_p"] == pytest.approx(stats.pearsonr(x, y).pvalue)
 
 
-def test_permutation_correlations_flag_a_permutation_that_differs_between_tasks():
+def test_permutation_correlations_pair_by_layer_order_not_by_index():
+    """Two sweeps' n-th permutations are different orders: only the same order is paired."""
     rng = np.random.default_rng(2)
     values = {"sst2": {i: 0.7 + 0.01 * i for i in range(4)}, "qnli": {i: 0.6 + 0.02 * i for i in range(4)}}
     records = _permutation_rows(rng, values)
     for r in records:
         if r["task"] == "qnli" and r["permutation_index"] == 3:
-            r["permutation"] = [4, 3, 2, 1]
+            r["permutation"] = [4, 3, 2, 1]  # index 3, but another permutation
     table = T.permutation_correlations(prepare(pd.DataFrame(records)))
-    assert "permutation 3" in table.loc[0, "note"]
+    assert table.loc[0, "n"] == 3
+    x, y = [values["sst2"][i] for i in range(3)], [values["qnli"][i] for i in range(3)]
+    assert table.loc[0, "pearson"] == pytest.approx(stats.pearsonr(x, y).statistic)
 
 
 # --- tables on every experiment ----------------------------------------------------------------------
