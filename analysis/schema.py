@@ -82,6 +82,7 @@ COLUMNS: tuple[tuple[str, pa.DataType, str], ...] = (
     ("metric_name", _STR, RESULT),
     ("dev_metric", _FLOAT, RESULT),
     ("dev_metrics_by_epoch", _FLOATS, RESULT),
+    ("dev_epochs", _INTS, RESULT),  # the epochs dev_metrics_by_epoch was evaluated at (--eval-every)
     ("dev_accuracy", _FLOAT, RESULT),
     ("dev_f1", _FLOAT, RESULT),
     ("dev_matthews_correlation", _FLOAT, RESULT),

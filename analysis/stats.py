@@ -123,7 +123,10 @@ class _Codes:
 
     def column(self, name: str) -> np.ndarray:
         if name not in self.cache:
-            self.cache[name] = pd.factorize(self.rows[name], use_na_sentinel=False)[0]
+            values = self.rows[name]
+            if values.dtype == object:  # list cells straight from Parquet (rows not through results.prepare)
+                values = values.map(lambda v: tuple(np.asarray(v).tolist()) if isinstance(v, (list, np.ndarray)) else v)
+            self.cache[name] = pd.factorize(values, use_na_sentinel=False)[0]
         return self.cache[name]
 
     def of(self, columns, base: np.ndarray | None = None) -> np.ndarray:
