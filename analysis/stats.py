@@ -64,6 +64,7 @@ def summarize(rows: pd.DataFrame, by: list[str], value: str = "dev_metric", conf
     that varies within it (`split_settings`; so two settings are never pooled by accident) except those
     named in `pooled`: `describe` of `value` over the finished trials, plus how many trials were left out
     (`excluded` = `diverged` + `failed`; a finished trial without a value counts as failed)."""
+    rows = groupable(rows)
     by = [c for c in by if c in rows.columns]
     by += split_settings(rows, by, (*pooled, value))
     columns = [*by, "n", "excluded", "diverged", "failed", "mean", "std", "ci95_low", "ci95_high",
@@ -101,6 +102,19 @@ def _missing(value) -> bool:
     return value is None or (np.isscalar(value) and pd.isna(value))
 
 
+def groupable(rows: pd.DataFrame) -> pd.DataFrame:
+    """`rows` with list cells of setting columns as tuples, so they group (rows straight from Parquet, not
+    through results.prepare, hold numpy arrays there)."""
+    lists = [c for c in settings(rows.columns) if rows[c].dtype == object
+             and rows[c].map(lambda v: isinstance(v, (list, np.ndarray))).any()]
+    if not lists:
+        return rows
+    rows = rows.copy()
+    for column in lists:
+        rows[column] = rows[column].map(lambda v: tuple(np.asarray(v).tolist()) if isinstance(v, (list, np.ndarray)) else v)
+    return rows
+
+
 def split_settings(rows: pd.DataFrame, by: list[str], pooled=()) -> list[str]:
     """The settings (analysis.schema) outside `by` and `pooled` that take more than one value within a
     group of `by`, less those the others imply (reinit_layers when k is there): the columns that keep
@@ -123,10 +137,7 @@ class _Codes:
 
     def column(self, name: str) -> np.ndarray:
         if name not in self.cache:
-            values = self.rows[name]
-            if values.dtype == object:  # list cells straight from Parquet (rows not through results.prepare)
-                values = values.map(lambda v: tuple(np.asarray(v).tolist()) if isinstance(v, (list, np.ndarray)) else v)
-            self.cache[name] = pd.factorize(values, use_na_sentinel=False)[0]
+            self.cache[name] = pd.factorize(self.rows[name], use_na_sentinel=False)[0]
         return self.cache[name]
 
     def of(self, columns, base: np.ndarray | None = None) -> np.ndarray:
