@@ -296,7 +296,8 @@ def validate(settings: GridSettings, args, num_layers: int, num_heads: int | Non
     elif args.experiment == "probing" and 0 < min(settings.sizes, default=2) < 2:
         problems.append(f"--sizes: {min(settings.sizes)} leaves nothing to train a probe on beside the held-out "
                         "part; probing needs at least 2 examples")
-    problems += data_dir_problems(settings.data_dir, [*settings.tasks, *(settings.intermediate_tasks or ())])
+    # The folder as the user typed it: resolved, a path through a symbolic link would read as another one.
+    problems += data_dir_problems(args.data_dir, [*settings.tasks, *(settings.intermediate_tasks or ())])
     return problems
 
 
