@@ -12,7 +12,9 @@ from sweep.checks import address_problems, cannot_start, data_dir_problems, gpu_
 from sweep.experiments import EXPERIMENTS, GridSettings
 from sweep.grid import TrialSpec, data_key
 from sweep.runner import CHECKPOINT_EVERY
-from sweep.store import finished_trial_ids, parent, rows_dir
+from sweep.status import main as status_main
+from sweep.status import record_plan
+from sweep.store import FINISHED, finished_trial_ids, parent, rows_dir, sweep_dir
 
 # Each preset fills in whatever the command line leaves unset; "demo" is the embedded offline default.
 PRESETS = {
@@ -53,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m sweep",
         description="Partial-reinitialization finetuning sweeps on Ray Tune; one Parquet row per trial.",
+        epilog="`python -m sweep status [--storage S] NAME`: what a sweep's store holds per cell and what a rerun "
+               "would do, without starting Ray.",
     )
     p.add_argument("experiment", choices=sorted(EXPERIMENTS), help="which ablation grid to run")
     p.add_argument("--preset", choices=sorted(PRESETS), default="demo",
@@ -355,6 +359,9 @@ def refuse(problems: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["status"]:
+        return status_main(argv[1:])
     args = build_parser().parse_args(argv)
     settings = settings_from_args(args)
     try:
@@ -387,17 +394,19 @@ def main(argv: list[str] | None = None) -> int:
     folder = rows_dir(args.storage, name)
     done = finished_trial_ids(folder)
     todo = [s for s in specs if s.trial_id not in done]
-    grid_ids, table = {s.trial_id for s in specs}, None
+    planned, rerun_skips, table = [s.row() for s in specs], FINISHED, None
     if args.experiment == "lr-multipliers":  # a spec is a cell: a study of --num-samples trials
         from analysis.search import best_table
-        from sweep.search import trial_ids, unfinished_cells
+        from sweep.search import FINISHED as STUDY_FINISHED
+        from sweep.search import planned_rows, unfinished_cells
 
-        todo, grid_ids = unfinished_cells(specs, folder, args.num_samples), trial_ids(specs, args.num_samples)
-        table = best_table
+        todo, planned = unfinished_cells(specs, folder, args.num_samples), planned_rows(specs, args.num_samples)
+        rerun_skips, table = STUDY_FINISHED, best_table
+    record_plan(sweep_dir(args.storage, name), argv, args.experiment, planned, rerun_skips)
     print(f"{len(specs) - len(todo)} already done, {len(todo)} to run")
     if todo:
         run(todo, settings, args, folder, raw)
-    return report(folder, grid_ids, table)
+    return report(folder, {row["trial_id"] for row in planned}, table)
 
 
 def run(todo: list[TrialSpec], settings: GridSettings, args, folder: Path, raw: dict | None = None) -> None:
