@@ -416,6 +416,7 @@ def run(todo: list[TrialSpec], settings: GridSettings, args, folder: Path, raw: 
 
     owns_ray = not ray.is_initialized()
     if owns_ray:
+        print(f"starting Ray ({'at ' + args.address if args.address else 'on this machine'})", flush=True)
         # Trials find tasks and weights in the object store, so workers need no path of the driver's.
         try:
             ray.init(address=args.address, include_dashboard=False, configure_logging=False,
@@ -427,13 +428,15 @@ def run(todo: list[TrialSpec], settings: GridSettings, args, folder: Path, raw: 
         if problems:
             raise SystemExit(cannot_start(problems))
         started = time.perf_counter()
+        print(f"preparing {len(todo)} trials: loading and tokenizing {', '.join(sorted({t for s in todo for t in s.tasks}))}"
+              f", loading {settings.model}", flush=True)
         try:
             data = prepare_data(settings, todo, raw)
             pretrained = {settings.model: load_pretrained(settings.model)}
         except (OSError, ValueError) as err:  # a malformed file, a model that will not load
             raise SystemExit(f"cannot start the sweep: {err}") from err
-        print(f"data and weights ready in {time.perf_counter() - started:.1f}s; "
-              f"watch trials with `tensorboard --logdir {parent(folder)}`")
+        print(f"data and weights ready in {time.perf_counter() - started:.1f}s; trials start now\n"
+              f"TensorBoard (per-epoch curves of every trial): tensorboard --logdir {parent(folder)}", flush=True)
         EXPERIMENTS[args.experiment].run_function()(
             todo,
             data=data,
