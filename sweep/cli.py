@@ -432,8 +432,8 @@ def run(todo: list[TrialSpec], settings: GridSettings, args, folder: Path, raw: 
         if problems:
             raise SystemExit(cannot_start(problems))
         started = time.perf_counter()
-        print(f"preparing {len(todo)} trials: loading and tokenizing {', '.join(sorted({t for s in todo for t in s.tasks}))}"
-              f", loading {settings.model}", flush=True)
+        tasks = ", ".join(sorted({task for spec in todo for task in spec.tasks}))
+        print(f"preparing {len(todo)} trials: loading and tokenizing {tasks}, loading {settings.model}", flush=True)
         try:
             data = prepare_data(settings, todo, raw)
             pretrained = {settings.model: load_pretrained(settings.model)}

@@ -112,9 +112,9 @@ def rerun_line(plans: list[dict], trials: pd.DataFrame) -> str:
     latest = plans[-1]
     mine = trials[trials["trial_id"].isin({row["trial_id"] for row in latest["trials"]})]
     skipped = mine["state"].isin(latest["rerun_skips"])
-    what = tally(mine.loc[~skipped, "state"], states(trials))
+    run, skip = (tally(mine.loc[which, "state"], states(trials)) for which in (~skipped, skipped))
     return (f"rerunning `{latest['command']}` ({latest['written_at']}) would run {(~skipped).sum()} "
-            f"trials{f' ({what})' if what else ''} and skip {skipped.sum()} ({tally(mine.loc[skipped, 'state'], states(trials))})")
+            f"trials{f' ({run})' if run else ''} and skip {skipped.sum()}{f' ({skip})' if skip else ''}")
 
 
 def status(storage: str, name: str) -> str:
