@@ -12,12 +12,16 @@ from sweep.checks import address_problems, cannot_start, data_dir_problems, gpu_
 from sweep.experiments import EXPERIMENTS, GridSettings
 from sweep.grid import TrialSpec, data_key
 from sweep.runner import CHECKPOINT_EVERY
-from sweep.store import finished_trial_ids, parent, rows_dir
+from sweep.status import main as status_main
+from sweep.status import record_plan
+from sweep.store import FINISHED, finished_trial_ids, parent, rows_dir, sweep_dir
 
 # Each preset fills in whatever the command line leaves unset; "demo" is the embedded offline default.
 PRESETS = {
-    # Demo: three points of the curve, two trials each; about four minutes on two CPU cores.
-    "demo": dict(model="minilm", tasks=["synthetic"], sizes=[500], trials=["2"], k=[0, 3, 6]),
+    # Demo: every layer reinitialized (k=0) or every layer kept (k=6), one trial each, 500 examples, 3 epochs:
+    # two trials, one per core, show the finding in about three minutes (docs/benchmarks.md, "Demo"; on 300
+    # examples the kept model reached 0.64 in one of two trials).
+    "demo": dict(model="minilm", tasks=["synthetic"], sizes=[500], trials=["1"], k=[0, 6], epochs=3),
     "paper": dict(
         model="bert-base-uncased",
         tasks=["sst2", "cola", "qnli"],
@@ -53,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m sweep",
         description="Partial-reinitialization finetuning sweeps on Ray Tune; one Parquet row per trial.",
+        epilog="`python -m sweep status [--storage S] NAME`: what a sweep's store holds per cell and what a rerun "
+               "would do, without starting Ray.",
     )
     p.add_argument("experiment", choices=sorted(EXPERIMENTS), help="which ablation grid to run")
     p.add_argument("--preset", choices=sorted(PRESETS), default="demo",
@@ -170,6 +176,8 @@ def settings_from_args(args) -> GridSettings:
     if args.model is not None and args.model != preset["model"]:
         for name in ("k", "layers", "heads"):
             preset.pop(name, None)  # a preset's layer and head picks are chosen for its own model
+    if any(getattr(args, name) is not None for name in ("model", "tasks", "sizes", "fractions")):
+        preset.pop("epochs", None)  # a preset's short schedule is chosen for its own model, task and size
     if args.fractions is not None:
         preset["sizes"] = []  # fractions replace the preset's sizes; --sizes adds to them
     pick = lambda name: getattr(args, name) if getattr(args, name) is not None else preset.get(name)  # noqa: E731
@@ -182,7 +190,7 @@ def settings_from_args(args) -> GridSettings:
         data_dir=str(Path(args.data_dir).resolve()) if args.data_dir else None,
         k=tuple(pick("k")) if pick("k") is not None else None,
         skip=preset.get("skip", frozenset()),
-        epochs=args.epochs,
+        epochs=pick("epochs"),
         lr=args.lr,
         batch_size=args.batch_size,
         max_length=args.max_length,
@@ -296,7 +304,8 @@ def validate(settings: GridSettings, args, num_layers: int, num_heads: int | Non
     elif args.experiment == "probing" and 0 < min(settings.sizes, default=2) < 2:
         problems.append(f"--sizes: {min(settings.sizes)} leaves nothing to train a probe on beside the held-out "
                         "part; probing needs at least 2 examples")
-    problems += data_dir_problems(settings.data_dir, [*settings.tasks, *(settings.intermediate_tasks or ())])
+    # The folder as the user typed it: resolved, a path through a symbolic link would read as another one.
+    problems += data_dir_problems(args.data_dir, [*settings.tasks, *(settings.intermediate_tasks or ())])
     return problems
 
 
@@ -354,6 +363,9 @@ def refuse(problems: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["status"]:
+        return status_main(argv[1:])
     args = build_parser().parse_args(argv)
     settings = settings_from_args(args)
     try:
@@ -386,17 +398,19 @@ def main(argv: list[str] | None = None) -> int:
     folder = rows_dir(args.storage, name)
     done = finished_trial_ids(folder)
     todo = [s for s in specs if s.trial_id not in done]
-    grid_ids, table = {s.trial_id for s in specs}, None
+    planned, rerun_skips, table = [s.row() for s in specs], FINISHED, None
     if args.experiment == "lr-multipliers":  # a spec is a cell: a study of --num-samples trials
         from analysis.search import best_table
-        from sweep.search import trial_ids, unfinished_cells
+        from sweep.search import FINISHED as STUDY_FINISHED
+        from sweep.search import planned_rows, unfinished_cells
 
-        todo, grid_ids = unfinished_cells(specs, folder, args.num_samples), trial_ids(specs, args.num_samples)
-        table = best_table
+        todo, planned = unfinished_cells(specs, folder, args.num_samples), planned_rows(specs, args.num_samples)
+        rerun_skips, table = STUDY_FINISHED, best_table
+    record_plan(sweep_dir(args.storage, name), argv, args.experiment, planned, rerun_skips)
     print(f"{len(specs) - len(todo)} already done, {len(todo)} to run")
     if todo:
         run(todo, settings, args, folder, raw)
-    return report(folder, grid_ids, table)
+    return report(folder, {row["trial_id"] for row in planned}, table)
 
 
 def run(todo: list[TrialSpec], settings: GridSettings, args, folder: Path, raw: dict | None = None) -> None:
@@ -406,6 +420,7 @@ def run(todo: list[TrialSpec], settings: GridSettings, args, folder: Path, raw: 
 
     owns_ray = not ray.is_initialized()
     if owns_ray:
+        print(f"starting Ray ({'at ' + args.address if args.address else 'on this machine'})", flush=True)
         # Trials find tasks and weights in the object store, so workers need no path of the driver's.
         try:
             ray.init(address=args.address, include_dashboard=False, configure_logging=False,
@@ -417,13 +432,15 @@ def run(todo: list[TrialSpec], settings: GridSettings, args, folder: Path, raw: 
         if problems:
             raise SystemExit(cannot_start(problems))
         started = time.perf_counter()
+        tasks = ", ".join(sorted({task for spec in todo for task in spec.tasks}))
+        print(f"preparing {len(todo)} trials: loading and tokenizing {tasks}, loading {settings.model}", flush=True)
         try:
             data = prepare_data(settings, todo, raw)
             pretrained = {settings.model: load_pretrained(settings.model)}
         except (OSError, ValueError) as err:  # a malformed file, a model that will not load
             raise SystemExit(f"cannot start the sweep: {err}") from err
-        print(f"data and weights ready in {time.perf_counter() - started:.1f}s; "
-              f"watch trials with `tensorboard --logdir {parent(folder)}`")
+        print(f"data and weights ready in {time.perf_counter() - started:.1f}s; trials start now\n"
+              f"TensorBoard (per-epoch curves of every trial): tensorboard --logdir {parent(folder)}", flush=True)
         EXPERIMENTS[args.experiment].run_function()(
             todo,
             data=data,

@@ -1,7 +1,6 @@
 """Running a list of trials on Ray Tune and landing each finished one as a Parquet row."""
 from __future__ import annotations
 
-import collections
 import datetime
 import platform
 import time
@@ -106,46 +105,6 @@ def result_fields(last_result: dict) -> dict:
     return {k: v for k, v in last_result.items() if k in RESULT_COLUMNS or k.startswith("dev_")}
 
 
-def make_progress_printer(total: int):
-    """A Tune callback printing one line per ended trial: counts by state and an ETA from the pace so far."""
-    from ray.tune import Callback
-
-    class ProgressPrinter(Callback):
-        def __init__(self):
-            self.started = time.monotonic()
-            self.ended = collections.Counter()
-
-        def setup(self, **info):
-            self.started = time.monotonic()  # also when a resumed experiment brings this printer back
-            self.ended = collections.Counter()
-
-        def _line(self, trials, trial, status: str) -> None:
-            self.ended[status] += 1
-            # Trials a resumed experiment had already ended count as done; the ETA is this run's pace.
-            done = sum(t.status in ("TERMINATED", "ERROR") for t in trials) + 1  # + the trial ending now
-            running = sum(t.status == "RUNNING" for t in trials) - 1  # the trial ending is still RUNNING
-            elapsed = time.monotonic() - self.started
-            eta = elapsed / sum(self.ended.values()) * (total - done)
-            metric = (trial.last_result or {}).get("dev_metric")
-            shown = f"dev_metric={metric:.4f}" if isinstance(metric, float) else ""
-            print(
-                f"[{done}/{total}] ok {self.ended['ok']} · diverged {self.ended['diverged']} · "
-                f"failed {self.ended['error']} · running {max(running, 0)} · pending {total - done - max(running, 0)}"
-                f" · elapsed {elapsed / 60:.1f} min · eta {eta / 60:.1f} min | {trial.config['trial']['trial_id']} "
-                f"{status} {shown}",
-                flush=True,
-            )
-
-        def on_trial_complete(self, iteration, trials, trial, **info):
-            if "status" in (trial.last_result or {}):  # else: not this run's to train (see the row writer)
-                self._line(trials, trial, trial.last_result["status"])
-
-        def on_trial_error(self, iteration, trials, trial, **info):
-            self._line(trials, trial, "error")
-
-    return ProgressPrinter()
-
-
 def run_trials(
     specs: list[TrialSpec],
     *,
@@ -166,6 +125,8 @@ def run_trials(
     unfinished and failed trials continue from their last checkpoints, in their own trial folders; then any
     spec it did not hold (a widened grid) runs in a new experiment."""
     from ray import tune
+
+    from sweep.progress import ProgressView
 
     checkpoint_every = getattr(options, "checkpoint_every", CHECKPOINT_EVERY)
     keep_checkpoints = getattr(options, "keep_checkpoints", False)
@@ -189,7 +150,7 @@ def run_trials(
             # Microseconds: a resumed run and the new cells after it may start within the same second.
             name=datetime.datetime.now().strftime("tune-%Y%m%d-%H%M%S-%f"),
             storage_path=str(tune_dir),
-            callbacks=[writer, make_progress_printer(len(specs))],
+            callbacks=[writer, ProgressView({s.trial_id: s.train_size * s.epochs for s in specs})],
             checkpoint_config=tune.CheckpointConfig(num_to_keep=CHECKPOINTS_KEPT),
             # A failed or preempted trial goes on from its last checkpoint, up to this many times.
             failure_config=tune.FailureConfig(max_failures=max_failures),
