@@ -1,18 +1,25 @@
-"""Fused packs against the peer a user would pick: one command, figures and ratios for docs/benchmarks.md.
+"""Fused packs against our unfused loop and the peer a user would pick, on the same trials in one run, no Ray.
 
     python benchmarks/fused_bench.py                      # CPU: offline MiniLM, real SST-2, paper settings
-    python benchmarks/fused_bench.py --device cuda        # GPU: BERT-base shape (random weights), packs 1..64
+    python benchmarks/fused_bench.py --device cuda --tokenizer DIR --data-dir DIR
+                                                          # GPU: BERT-base shape (random weights)
 
-CPU mode: the same trials (SST-2, 500-example subsets, 5 epochs, lr 2e-5, batch 8, gradient clipping at 1.0,
-linear decay, evaluation after the last epoch only, k drawn over 0..L) are run
-1. by us, as fused packs of 1, 2, 4 and 8 trials (trainables.fused.finetune_pack, one process, all cores):
-   per-trial cost = the pack's wall time / its size, tokens/s and MFU (trainables.cost);
-2. by the peer: Hugging Face Trainer with dynamic padding (DataCollatorWithPadding), one fresh process per trial
-   (load, tokenize its subset and the dev split, train, evaluate once), as many processes at a time as cores,
-   one thread each: per-trial cost = the wall time of all its trials / their number.
-GPU mode times packs of a BERT-base-shape model (1, 4, 16, 64 by default) and prints trials per GPU-hour, MFU
-and the projected time of the paper's 1,950-trial 500-example grid; it needs only torch, transformers and
-numpy (no Ray, no datasets, no scipy) and reads the SST-2 TSV directly.
+The trials: SST-2, 500-example subsets, 5 epochs, lr 2e-5, batch 8, gradient clipping at 1.0, linear decay
+without warmup, dev evaluated after the last epoch only; trial t has subset and seed t and k = t mod (L + 1).
+Each is run
+1. fused: packs of the first P trials (trainables.fused.finetune_pack, one process, all threads);
+2. unfused: our loop, trainables.finetune.finetune, one trial after the other in this process;
+3. peer: Hugging Face Trainer with dynamic padding (DataCollatorWithPadding), one fresh process per trial (load,
+   tokenize its subset and the dev split, train, evaluate once), N processes at a time (--peer-processes; on a
+   GPU, N processes share the card: fractions 1/N), each with threads/N threads.
+Every row prints wall seconds per trial (all its trials' wall time / their number), tokens/s (training tokens
+over that time) and MFU: the same model FLOPs per trial (training and one dev evaluation, trainables.cost)
+over the seconds per trial and the device's peak (CPU: measured matmul peak with all threads; GPU: datasheet).
+
+GPU mode needs only torch, transformers and numpy (no Ray, no datasets, no scipy): the model is BERT-base's
+shape with random weights (timing only; dev accuracy means nothing there), the tokenizer any folder with
+BERT's uncased vocabulary (the offline MiniLM's, copied), SST-2 read from its TSV files. It also prints trials
+per GPU-hour and the projected time of the paper's 1,950-trial 500-example grid on one GPU.
 """
 from __future__ import annotations
 
@@ -46,11 +53,15 @@ def parse_args():
     p.add_argument("--data-dir", default=str(DEFAULT_GLUE))
     p.add_argument("--size", type=int, default=500)
     p.add_argument("--epochs", type=int, default=5)
-    p.add_argument("--packs", type=int, nargs="+", help="pack sizes (default 1 2 4 8 on CPU, 1 4 16 64 on GPU)")
-    p.add_argument("--peer-trials", type=int, default=4, help="CPU mode: trials the peer runs (0: skip the peer)")
+    p.add_argument("--trials", type=int, default=4, help="trials the unfused loop and the peer run (default 4)")
+    p.add_argument("--packs", type=int, nargs="+",
+                   help="fused pack sizes (default: --trials on CPU; 1 4 16 64 on GPU)")
+    p.add_argument("--peer-processes", type=int, nargs="+",
+                   help="peer processes at a time, one row each (default: the cores on CPU; 1 2 4 on GPU, i.e. "
+                        "fractions 1, 0.5, 0.25 of the card); 0 skips the peer")
+    p.add_argument("--skip-unfused", action="store_true", help="leave out our unfused loop")
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="CPU threads for our packs")
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
-    p.add_argument("--max-steps", type=int, default=0, help="time only this many steps per pack (0: whole trials)")
     p.add_argument("--compare-func", action="store_true",
                    help="also time one training step of torch.func (functional_call + vmap over stacked HF params)")
     p.add_argument("--peer-trial", type=json.loads, help=argparse.SUPPRESS)  # internal: one peer process
@@ -125,40 +136,56 @@ def trial_configs(n: int, args, num_layers: int, gpu: bool):
                            threads=args.threads, gpu_fraction=1.0 if gpu else 0.0) for t in range(n)]
 
 
-def time_pack(cfgs, data, pretrained, max_steps: int) -> dict:
-    """Whole trials through finetune_pack, or (max_steps > 0) that many training steps of a built pack."""
-    from trainables.data import train_batches
-    from trainables.fused import Pack, finetune_pack
+def trial_flops(cfg, data, pretrained) -> float:
+    """Model FLOPs of one trial: training on its subset for its epochs and one dev evaluation."""
+    from trainables.cost import sequence_flops
+    from trainables.data import draw_subset
+    from trainables.models import build_classifier, layer_stack
+    from trainables.cost import non_embedding_params
+
+    model = build_classifier(pretrained, data.num_labels, 0)
+    shape = (non_embedding_params(model), len(layer_stack(model)), int(pretrained.config.hidden_size))
+    rows = draw_subset(len(data.train), cfg.train_size, cfg.subset_seed)
+    return (sequence_flops(data.train.lengths[rows], *shape, train=True) * cfg.epochs
+            + sequence_flops(data.validation.lengths, *shape, train=False))
+
+
+class Figures:
+    """The rows of one run: each with seconds per trial, tokens/s and MFU on the same per-trial FLOPs."""
+
+    def __init__(self, cfgs, data, pretrained, peak: float):
+        self.flops = [trial_flops(c, data, pretrained) for c in cfgs]
+        self.tokens = [train_tokens(data, c) for c in cfgs]
+        self.peak, self.rows = peak, {}
+
+    def add(self, name: str, trials: int, wall: float, accuracy, **extra) -> dict:
+        per_trial = wall / trials
+        row = {"trials": trials, "wall_seconds": wall, "seconds_per_trial": per_trial,
+               "tokens_per_s": sum(self.tokens[:trials]) / wall,
+               "mfu": float(np.mean(self.flops[:trials])) / per_trial / self.peak,
+               "dev_accuracy": [round(float(a), 4) for a in accuracy], **extra}
+        self.rows[name] = row
+        print(f"{name:<34} {trials:>3} trials  {per_trial:8.1f} s/trial  {row['tokens_per_s']:9,.0f} tokens/s  "
+              f"MFU {row['mfu']:.4f}  dev accuracy {row['dev_accuracy']}", flush=True)
+        return row
+
+
+def time_pack(cfgs, data, pretrained) -> tuple[float, list[float]]:
+    """(wall seconds, dev accuracies) of one fused pack of whole trials."""
+    from trainables.fused import finetune_pack
 
     tick = time.perf_counter()
-    if max_steps == 0:
-        rows = finetune_pack(cfgs, data, pretrained)
-        wall = time.perf_counter() - tick
-        return {"wall_seconds": wall, "seconds_per_trial": wall / len(cfgs),
-                "tokens_per_s": len(cfgs) * train_tokens(data, cfgs[0]) / sum(r["train_seconds"] for r in rows),
-                "mfu": float(np.mean([r["mfu"] for r in rows])),
-                "dev_accuracy": [round(r["dev_metric"], 4) for r in rows],
-                "train_seconds_per_trial": float(np.mean([r["train_seconds"] for r in rows])),
-                "eval_seconds_per_trial": float(np.mean([r["eval_seconds"] for r in rows]))}
-    pack = Pack(cfgs, data, pretrained)
-    orders = [train_batches(s.rows, cfgs[0].batch_size, rng) for s, rng in zip(pack.setups, pack.rngs)]
-    steps = list(zip(*orders))[: max_steps + 2]
-    for rows in steps[:2]:  # warm-up: first-call allocations and kernels
-        pack.step(list(rows))
-    pack.compute.synchronize()
-    tick = time.perf_counter()
-    for rows in steps[2:]:
-        pack.step(list(rows))
-    pack.compute.synchronize()
-    seconds = time.perf_counter() - tick
-    tokens = sum(int(data.train.lengths[r].sum()) for rows in steps[2:] for r in rows)
-    flops = sum(pack.compute.flops(data.train.lengths[r], train=True) for rows in steps[2:] for r in rows)
-    from trainables.cost import peak_flops
+    rows = finetune_pack(cfgs, data, pretrained)
+    return time.perf_counter() - tick, [r["dev_metric"] for r in rows]
 
-    total_steps = len(orders[0]) * cfgs[0].epochs
-    return {"seconds_per_step": seconds / len(steps[2:]), "tokens_per_s": tokens / seconds,
-            "mfu": flops / seconds / peak_flops(str(pack.compute.device))[0],
-            "train_seconds_per_trial": seconds / len(steps[2:]) * total_steps / len(cfgs)}
+
+def time_unfused(cfgs, data, pretrained) -> tuple[float, list[float]]:
+    """(wall seconds, dev accuracies) of our loop, one trial after the other."""
+    from trainables.finetune import finetune
+
+    tick = time.perf_counter()
+    rows = [finetune(cfg, data, pretrained) for cfg in cfgs]
+    return time.perf_counter() - tick, [r["dev_metric"] for r in rows]
 
 
 def train_tokens(data, cfg) -> int:
@@ -168,9 +195,9 @@ def train_tokens(data, cfg) -> int:
 
 
 def peer_trial(spec: dict) -> dict:
-    """One trial the way a user would write it with the Trainer, in a fresh process (one thread)."""
+    """One trial the way a user would write it with the Trainer, in a fresh process."""
     started = time.perf_counter()
-    torch.set_num_threads(1)
+    torch.set_num_threads(spec["threads"])
     from transformers import (AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding, Trainer,
                               TrainingArguments)
 
@@ -191,7 +218,8 @@ def peer_trial(spec: dict) -> dict:
             output_dir=out, per_device_train_batch_size=8, per_device_eval_batch_size=128, learning_rate=2e-5,
             num_train_epochs=spec["epochs"], lr_scheduler_type="linear", warmup_steps=0, max_grad_norm=1.0,
             weight_decay=0.0, eval_strategy="no", save_strategy="no", logging_strategy="no", report_to=[],
-            seed=spec["seed"], use_cpu=True, dataloader_num_workers=0, remove_unused_columns=False)
+            seed=spec["seed"], use_cpu=spec["device"] == "cpu", bf16=spec["precision"] == "bf16",
+            dataloader_num_workers=0, remove_unused_columns=False)
         trainer = Trainer(model=model, args=arguments, train_dataset=train, eval_dataset=dev,
                           data_collator=DataCollatorWithPadding(tokenizer),
                           compute_metrics=lambda p: {"accuracy": float((p.predictions.argmax(-1) == p.label_ids).mean())})
@@ -200,22 +228,20 @@ def peer_trial(spec: dict) -> dict:
     return {"wall_seconds": time.perf_counter() - started, "dev_accuracy": accuracy}
 
 
-def run_peer(args, model_path: str, num_layers: int) -> dict:
-    workers = len(os.sched_getaffinity(0))
+def time_peer(args, model_path: str, num_layers: int, processes: int) -> tuple[float, list[float]]:
+    """(wall seconds, dev accuracies) of --trials peer trials, `processes` fresh processes at a time."""
+    threads = max(1, args.threads // processes) if args.device == "cpu" else 1
     specs = [{"model_path": model_path, "data_dir": args.data_dir, "size": args.size, "epochs": args.epochs,
-              "seed": t, "k": t % (num_layers + 1)} for t in range(args.peer_trials)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+              "seed": t, "k": t % (num_layers + 1), "threads": threads, "device": args.device,
+              "precision": args.precision} for t in range(args.trials)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(threads)}
     run = lambda spec: json.loads(subprocess.run(  # noqa: E731
         [sys.executable, __file__, "--peer-trial", json.dumps(spec)], check=True, capture_output=True, text=True,
         env=env, cwd=ROOT).stdout.splitlines()[-1])
     tick = time.perf_counter()
-    with ThreadPoolExecutor(workers) as pool:
+    with ThreadPoolExecutor(processes) as pool:
         results = list(pool.map(run, specs))
-    wall = time.perf_counter() - tick
-    return {"trials": len(results), "processes_at_a_time": workers, "wall_seconds": wall,
-            "seconds_per_trial": wall / len(results),
-            "mean_process_seconds": float(np.mean([r["wall_seconds"] for r in results])),
-            "dev_accuracy": [round(r["dev_accuracy"], 4) for r in results]}
+    return time.perf_counter() - tick, [r["dev_accuracy"] for r in results]
 
 
 def func_step_seconds(cfgs, data, pretrained, steps: int = 5) -> float:
@@ -259,67 +285,99 @@ def func_step_seconds(cfgs, data, pretrained, steps: int = 5) -> float:
     return float(np.median(times[1:]))
 
 
+def pack_step_seconds(cfgs, data, pretrained, steps: int = 5) -> float:
+    """Seconds per training step of our fused encoder on the same trials (after one warm-up step)."""
+    from trainables.data import train_batches
+    from trainables.fused import Pack
+
+    pack = Pack(cfgs, data, pretrained)
+    orders = [train_batches(s.rows, cfgs[0].batch_size, rng) for s, rng in zip(pack.setups, pack.rngs)]
+    times = []
+    for rows in list(zip(*orders))[: steps + 1]:
+        tick = time.perf_counter()
+        pack.step(list(rows))
+        pack.compute.synchronize()
+        times.append(time.perf_counter() - tick)
+    return float(np.median(times[1:]))
+
+
+def bert_base_folder(pretrained, tokenizer_path: str, folder: str) -> str:
+    """The random BERT-base weights and the tokenizer saved where the peer's from_pretrained reads them."""
+    from transformers import AutoTokenizer, BertModel
+
+    model = BertModel(pretrained.config)
+    model.load_state_dict(pretrained.state_dict)
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(tokenizer_path).save_pretrained(folder)
+    return folder
+
+
+def compare(args, pretrained, data, peer_model_path: str, device: str) -> dict:
+    """Every row on the same trials: fused packs, our unfused loop, the peer at each concurrency."""
+    from trainables.cost import peak_flops
+
+    gpu, layers = device.startswith("cuda"), pretrained.num_layers
+    packs = args.packs or ([1, 4, 16, 64] if gpu else [args.trials])
+    cfgs = trial_configs(max([args.trials, *packs]), args, layers, gpu)
+    peak, source = peak_flops(device)
+    figures = Figures(cfgs, data, pretrained, peak)
+    print(f"peak {peak / 1e12:.3f} TFLOP/s ({source}); model FLOPs per trial {figures.flops[0]:.3g}")
+    for size in packs:
+        if gpu:
+            torch.cuda.reset_peak_memory_stats()
+        wall, accuracy = time_pack(cfgs[:size], data, pretrained)
+        extra = {"peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30} if gpu else {}
+        figures.add(f"ours, fused pack of {size}", size, wall, accuracy, **extra)
+    if not args.skip_unfused:
+        figures.add("ours, unfused (one trial at a time)", args.trials, *time_unfused(cfgs[:args.trials], data, pretrained))
+    for processes in args.peer_processes or ([1, 2, 4] if gpu else [len(os.sched_getaffinity(0))]):
+        if processes:
+            figures.add(f"peer, HF Trainer, {processes} processes at a time", args.trials,
+                        *time_peer(args, peer_model_path, layers, processes))
+    if args.compare_func:
+        for size in (1, 4):
+            func, ours = func_step_seconds(cfgs[:size], data, pretrained), pack_step_seconds(cfgs[:size], data, pretrained)
+            figures.rows[f"func_vs_ours_pack{size}"] = {"func_seconds_per_step": func, "ours_seconds_per_step": ours}
+            print(f"pack {size}, one step: torch.func vmap {func:.3f}s, our encoder {ours:.3f}s (func/ours "
+                  f"{func / ours:.2f}x)", flush=True)
+    peers = [r for name, r in figures.rows.items() if name.startswith("peer")]
+    if peers:
+        best_peer = min(r["seconds_per_trial"] for r in peers)
+        for name, row in figures.rows.items():
+            if "seconds_per_trial" in row and not name.startswith("peer"):
+                print(f"{name} / best peer row, cost per trial: {row['seconds_per_trial'] / best_peer:.2f}x")
+    if gpu:
+        for name, row in figures.rows.items():
+            if "seconds_per_trial" in row:
+                print(f"{name}: {3600 / row['seconds_per_trial']:,.0f} trials per GPU-hour; the paper's "
+                      f"{PAPER_GRID_TRIALS}-trial 500-example grid: {PAPER_GRID_TRIALS * row['seconds_per_trial'] / 60:.1f}"
+                      " GPU-minutes")
+    return figures.rows
+
+
 def cpu_mode(args) -> dict:
     from trainables.models import load_pretrained, load_tokenizer, resolve_model_path
 
     pretrained = load_pretrained(args.model)
-    tick = time.perf_counter()
     data = sst2_task(args.data_dir, load_tokenizer(args.tokenizer or args.model), args.model)
-    figures = {"load_seconds": time.perf_counter() - tick, "ours": {}}
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()}; torch {torch.__version__}, "
-          f"{args.threads} threads for ours; SST-2 tokenized in {figures['load_seconds']:.1f}s (once per sweep)")
-    layers = pretrained.num_layers
-    for size in args.packs or [1, 2, 4, 8]:
-        got = time_pack(trial_configs(size, args, layers, gpu=False), data, pretrained, args.max_steps)
-        figures["ours"][size] = got
-        print(f"ours, pack {size}: " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
-                                                 for k, v in got.items()), flush=True)
-    if args.compare_func:
-        for size in (1, 4):
-            cfgs = trial_configs(size, args, layers, gpu=False)
-            ours = time_pack(cfgs, data, pretrained, max_steps=5)["seconds_per_step"]
-            func = func_step_seconds(cfgs, data, pretrained)
-            figures[f"func_vs_ours_pack{size}"] = {"func_seconds_per_step": func, "ours_seconds_per_step": ours}
-            print(f"pack {size}, one step: torch.func vmap {func:.3f}s, our encoder {ours:.3f}s "
-                  f"(func/ours {func / ours:.2f}x)", flush=True)
-    if args.peer_trials:
-        peer = run_peer(args, resolve_model_path(args.model), layers)
-        figures["peer"] = peer
-        print(f"peer (HF Trainer, dynamic padding, a process per trial, {peer['processes_at_a_time']} at a time): "
-              f"{peer['trials']} trials in {peer['wall_seconds']:.1f}s, {peer['seconds_per_trial']:.1f}s a trial "
-              f"(a process runs {peer['mean_process_seconds']:.1f}s); dev accuracy {peer['dev_accuracy']}")
-        if args.max_steps == 0:
-            for size, got in figures["ours"].items():
-                ratio = got["seconds_per_trial"] / peer["seconds_per_trial"]
-                print(f"ours pack {size} / peer, cost per trial: {ratio:.2f}x (target <= 0.5x)")
+          f"{args.threads} threads")
+    rows = compare(args, pretrained, data, resolve_model_path(args.model), "cpu")
     print(f"load average at the end {os.getloadavg()}")
-    return figures
+    return {"machine": f"{os.cpu_count()} cores", "rows": rows}
 
 
 def gpu_mode(args) -> dict:
-    from trainables.cost import peak_flops
-
     allow_missing_scipy_and_datasets()
+    from transformers import AutoTokenizer
+
     pretrained = bert_base_shape()
-    data = sst2_task(args.data_dir, __import__("transformers").AutoTokenizer.from_pretrained(
-        args.tokenizer or default_tokenizer()), "bert-base-uncased-vocab")
-    device = torch.device("cuda", 0)
-    peak, source = peak_flops(str(device))
-    print(f"{torch.cuda.get_device_name(device)}, peak {peak / 1e12:.0f} TFLOP/s ({source}); torch {torch.__version__}")
-    figures = {"device": torch.cuda.get_device_name(device), "packs": {}}
-    for size in args.packs or [1, 4, 16, 64]:
-        torch.cuda.reset_peak_memory_stats(device)
-        got = time_pack(trial_configs(size, args, 12, gpu=True), data, pretrained, args.max_steps)
-        per_trial = got.get("seconds_per_trial", got["train_seconds_per_trial"])
-        got.update(trials_per_gpu_hour=3600 / per_trial,
-                   paper_grid_minutes=PAPER_GRID_TRIALS * per_trial / 60,
-                   peak_memory_gib=torch.cuda.max_memory_allocated(device) / 2**30)
-        figures["packs"][size] = got
-        print(f"pack {size}: {per_trial:.2f}s a trial, {got['trials_per_gpu_hour']:.0f} trials/GPU-hour, "
-              f"MFU {got['mfu']:.3f}, {got['tokens_per_s']:,.0f} tokens/s, peak memory {got['peak_memory_gib']:.1f} GiB;"
-              f" the paper's {PAPER_GRID_TRIALS}-trial 500-example grid: {got['paper_grid_minutes']:.1f} GPU-minutes",
-              flush=True)
-    return figures
+    tokenizer_path = args.tokenizer or default_tokenizer()
+    data = sst2_task(args.data_dir, AutoTokenizer.from_pretrained(tokenizer_path), "bert-base-uncased-vocab")
+    print(f"{torch.cuda.get_device_name(0)}; torch {torch.__version__}")
+    with tempfile.TemporaryDirectory() as folder:
+        rows = compare(args, pretrained, data, bert_base_folder(pretrained, tokenizer_path, folder), "cuda:0")
+    return {"device": torch.cuda.get_device_name(0), "rows": rows}
 
 
 def main() -> None:
