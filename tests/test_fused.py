@@ -107,6 +107,8 @@ def test_each_trial_of_a_pack_trains_as_it_would_alone(members, quiet, synthetic
         assert got["clipped_steps"] == expected["clipped_steps"]
         assert got["lr_last"] == pytest.approx(expected["lr_last"])
         np.testing.assert_allclose(got["weight_distance"], expected["weight_distance"], rtol=1e-3)
+        assert got["dev_epochs"] == expected["dev_epochs"] == [2]  # dev after the last epoch only
+        np.testing.assert_allclose(got["dev_metrics_by_epoch"], expected["dev_metrics_by_epoch"], atol=1e-9)
         assert set(expected) - {"intermediate_weight_distance"} <= set(got)
         assert got["pack_size"] == len(cfgs) and got["pack_id"] == results[0]["pack_id"]
     # the clip that always bites did bite, and a trial without clipping never counts
@@ -134,10 +136,11 @@ def test_a_diverging_trial_is_masked_and_spoils_no_pack_mate(quiet, synthetic):
     wild = trial(11, Reinit.incremental(2, LAYERS), lr=float("inf"))
     before = finetune_pack(calm, synthetic, quiet)
     reports = []
-    mixed = finetune_pack([calm[0], wild, calm[1]], synthetic, quiet, report=lambda i, r: reports.append((i, r)))
+    mixed = finetune_pack([calm[0], wild, calm[1]], synthetic, quiet, report=reports.append)
     assert mixed[1]["status"] == "diverged" and not math.isfinite(mixed[1]["train_loss"])
     assert mixed[1]["epoch"] == 1 and "dev_metric" not in mixed[1]
-    assert [r["epoch"] for i, r in reports if i == 1] == [1]  # no report after it diverged
+    assert [sorted(epoch) for epoch in reports] == [[0, 1, 2], [0, 2]]  # no report of it after it diverged
+    assert reports[0][1]["status"] == "diverged" and reports[1][0]["epoch"] == 2
     for got, expected in zip([mixed[0], mixed[2]], before):
         assert got["status"] == "ok"
         assert got["dev_metric"] == expected["dev_metric"]

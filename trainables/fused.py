@@ -16,7 +16,6 @@ trial has in this step), so short sentences cost no padding there; attention gat
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 import uuid
 from typing import Callable
@@ -400,18 +399,19 @@ def check_pack(cfgs: list[FinetuneConfig], pretrained: Pretrained) -> None:
 
 
 def finetune_pack(cfgs: list[FinetuneConfig], data: TokenizedTask, pretrained: Pretrained,
-                  report: Callable[[int, dict], None] | None = None) -> list[dict]:
+                  report: Callable[[dict[int, dict]], None] | None = None, pack_id: str | None = None) -> list[dict]:
     """Finetune and evaluate P trials as one computation; returns one dict per trial with the keys `finetune`
-    returns, plus pack_size and pack_id. `report(i, result)` gets trial i's figures after each epoch while it
-    is still running (a diverged trial's last report says so). Seconds are each trial's share of the pack's:
-    train_seconds and eval_seconds are the pack's divided by its size, so rows add up to the machine time."""
+    returns, plus pack_size and pack_id (default: a random one). After each epoch `report({i: result})` gets the
+    figures of every trial i that trained in it (a diverged trial's last report says so; it is in no later one).
+    Seconds are each trial's share of the pack's: train_seconds and eval_seconds are the pack's divided by its
+    size, so rows add up to the machine time."""
     started = time.perf_counter()
     torch.set_num_threads(max(1, max(c.threads for c in cfgs)))
     pack = Pack(cfgs, data, pretrained)
-    cfg, P, pack_id = cfgs[0], len(cfgs), uuid.uuid4().hex[:12]
+    cfg, P, pack_id = cfgs[0], len(cfgs), pack_id or uuid.uuid4().hex[:12]
     peak_flops(str(pack.compute.device))  # measured (CPU) outside every timed stretch
     eval_flops = pack.compute.flops(data.validation.lengths, train=False)
-    flops, by_epoch = np.zeros(P), [[] for _ in range(P)]
+    flops, by_epoch, dev_epochs = np.zeros(P), [[] for _ in range(P)], [[] for _ in range(P)]
     train_seconds = eval_seconds = 0.0
     results: list[dict] = [{} for _ in range(P)]
     running = np.ones(P, dtype=bool)
@@ -433,16 +433,20 @@ def finetune_pack(cfgs: list[FinetuneConfig], data: TokenizedTask, pretrained: P
         distances = pack.weight_distance() if epoch == cfg.epochs or diverging.any() else None
         for p in np.flatnonzero(running):
             own = metrics[p] if not diverging[p] else {}
-            by_epoch[p].append(float(own[data.metric]) if own else math.nan)
+            if own:  # as finetune: only evaluated epochs are listed, no nan placeholders
+                by_epoch[p].append(float(own[data.metric]))
+                dev_epochs[p].append(epoch)
             results[p] = {
                 "status": "diverged" if diverging[p] else "ok",
                 "epoch": epoch,
                 "epochs": cfg.epochs,
+                "epochs_run": epoch,
                 "train_loss": float(losses[p]),
                 "lr_last": pack.optimizer.lr_last(p),
                 "metric_name": data.metric,
                 **({"dev_metric": by_epoch[p][-1]} if own else {}),
                 "dev_metrics_by_epoch": list(by_epoch[p]),
+                "dev_epochs": list(dev_epochs[p]),
                 **{f"dev_{name}": float(value) for name, value in own.items()},
                 "max_grad_norm": cfgs[p].max_grad_norm,
                 "clipped_steps": int(clipped[p]),
@@ -461,8 +465,8 @@ def finetune_pack(cfgs: list[FinetuneConfig], data: TokenizedTask, pretrained: P
                 results[p]["layer_lrs"] = [cfgs[p].lr * m for m in cfgs[p].layer_lr_multipliers]
             if distances is not None and (epoch == cfg.epochs or diverging[p]):
                 results[p]["weight_distance"] = distances[p]
-            if report is not None:
-                report(int(p), results[p])
+        if report is not None:
+            report({int(p): results[p] for p in np.flatnonzero(running)})
         running &= ~diverging
         if not running.any():
             break
