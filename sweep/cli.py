@@ -11,6 +11,7 @@ from pathlib import Path
 from sweep.checks import address_problems, cannot_start, data_dir_problems, gpu_problems, storage_problems
 from sweep.experiments import EXPERIMENTS, GridSettings
 from sweep.grid import TrialSpec, data_key
+from sweep.packs import parse_pack
 from sweep.runner import CHECKPOINT_EVERY
 from sweep.status import main as status_main
 from sweep.status import record_plan
@@ -148,6 +149,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="keep a finished trial's checkpoints (default: deleted once its row is written)")
     run.add_argument("--max-failures", type=failure_count, default=2, metavar="N",
                      help="times a failed or preempted trial is restarted from its last checkpoint (default 2)")
+    run.add_argument("--pack", type=parse_pack, default="auto", metavar="N|auto",
+                     help="train up to N trials of the same task, size and schedule as one fused computation (one "
+                          "Tune trial, resources scaled to it, one row per trial); 1: each trial alone; auto: 1 on "
+                          "CPUs, where fusing does not pay, and as many as fit in GPU memory on GPUs (default auto). "
+                          "Sequential finetuning, searches and probing run unfused")
     return p
 
 

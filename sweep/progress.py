@@ -58,21 +58,25 @@ class ProgressView(Callback):
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         self.see(trials)
-        epoch, epochs = result.get("epoch"), result.get("epochs")
-        if epoch and epochs:
-            trial_id = trial_key(trial)
-            self.first_fraction.setdefault(trial_id, result.get("resumed_from_epoch", 0) / epochs)
-            self.fraction[trial_id] = epoch / epochs
-            self.epochs[trial_id] = epoch
+        for trial_id, epochs, report in member_reports(trial, result):
+            epoch = report.get("epoch")
+            if epoch and epochs:
+                self.first_fraction.setdefault(trial_id, report.get("resumed_from_epoch", 0) / epochs)
+                self.fraction[trial_id] = epoch / epochs
+                self.epochs[trial_id] = epoch
         self.show()
 
     def on_trial_complete(self, iteration, trials, trial, **info):
-        result = trial.last_result or {}
-        # No status: a restored experiment's trial that this run must not train (finetune_trainable's run_only).
-        self.end(trials, trial, result.get("status", "skipped"), result.get("dev_metric"))
+        self.see(trials)
+        # No status: a trial (or pack member) a restored experiment holds but this run must not train
+        # (finetune_trainable's run_only).
+        for trial_id, _, report in member_reports(trial, trial.last_result or {}):
+            self.end(trial_id, report.get("status", "skipped"), report.get("dev_metric"))
 
     def on_trial_error(self, iteration, trials, trial, **info):
-        self.end(trials, trial, "error", None)
+        self.see(trials)
+        for trial_id in member_ids(trial):
+            self.end(trial_id, "error", None)
 
     def on_experiment_end(self, trials, **info):
         self.see(trials)
@@ -88,13 +92,14 @@ class ProgressView(Callback):
         work left and none of this run's pace."""
         self.trials = trials
         for trial in trials:
-            if trial.status in ENDED_BEFORE and trial_key(trial) not in self.ended:
-                self.ended[trial_key(trial)] = "before"
-                self.fraction[trial_key(trial)] = self.first_fraction[trial_key(trial)] = 1.0
+            for trial_id in member_ids(trial) if trial.status in ENDED_BEFORE else ():
+                if trial_id not in self.ended:
+                    self.ended[trial_id] = "before"
+                    self.fraction[trial_id] = self.first_fraction[trial_id] = 1.0
 
-    def end(self, trials, trial, status: str, metric) -> None:
-        self.see(trials)
-        trial_id = trial_key(trial)
+    def end(self, trial_id: str, status: str, metric) -> None:
+        if self.ended.get(trial_id) not in (None, "before"):
+            return  # Tune may end a trial twice (complete, then an error in a later callback)
         self.ended[trial_id] = status
         self.epochs.pop(trial_id, None)
         self.first_fraction.setdefault(trial_id, 1.0 if status == "skipped" else 0.0)
@@ -103,8 +108,10 @@ class ProgressView(Callback):
             shown = f" dev_metric={metric:.4f}" if isinstance(metric, float) and math.isfinite(metric) else ""
             self.show(ended=f"{trial_id} {status}{shown}")
 
-    def running(self) -> list:
-        return [t for t in self.trials if t.status == "RUNNING" and trial_key(t) not in self.ended]
+    def running(self) -> list[tuple[str, int]]:
+        """(trial_id, epochs) of the trials running now; a running pack's members each count."""
+        return [(m["trial_id"], m["finetune"]["epochs"]) for t in self.trials if t.status == "RUNNING"
+                for m in members(t) if m["trial_id"] not in self.ended]
 
     def eta(self) -> float | None:
         """Seconds left at this run's pace: work left over work done per second; None before any epoch."""
@@ -126,8 +133,8 @@ class ProgressView(Callback):
                 f"elapsed {minutes(self.clock() - self.started)} · "
                 f"eta {minutes(eta) if eta is not None else 'after the first epochs'}")
         if running:
-            named = [f"{short_name(trial_key(t))} {self.epochs.get(trial_key(t), 0)}/"
-                     f"{t.config['trial']['finetune']['epochs']} epochs" for t in running[:SHOWN_RUNNING]]
+            named = [f"{short_name(trial_id)} {self.epochs.get(trial_id, 0)}/{epochs} epochs"
+                     for trial_id, epochs in running[:SHOWN_RUNNING]]
             more = f", +{len(running) - SHOWN_RUNNING} more" if len(running) > SHOWN_RUNNING else ""
             line += " | " + ", ".join(named) + more
         return line
@@ -153,5 +160,19 @@ class ProgressView(Callback):
         out.flush()
 
 
-def trial_key(trial) -> str:
-    return trial.config["trial"]["trial_id"]
+def members(trial) -> list[dict]:
+    """The trial configs a Tune trial runs: a pack's members (sweep.packs), or its own."""
+    return trial.config["trial"].get("pack", [trial.config["trial"]])
+
+
+def member_ids(trial) -> list[str]:
+    return [m["trial_id"] for m in members(trial)]
+
+
+def member_reports(trial, result: dict) -> list[tuple[str, int, dict]]:
+    """(trial_id, epochs, latest report) of each trial a Tune trial runs; a pack reports its members'
+    under `pack_results` (trainables.tune_trainable.run_pack)."""
+    if "pack" not in trial.config["trial"]:
+        return [(trial.config["trial"]["trial_id"], trial.config["trial"]["finetune"]["epochs"], result)]
+    by_id = {r["trial_id"]: r for r in result.get("pack_results", []) if r}
+    return [(m["trial_id"], m["finetune"]["epochs"], by_id.get(m["trial_id"], {})) for m in members(trial)]
