@@ -300,15 +300,43 @@ def validate(settings: GridSettings, args, num_layers: int, num_heads: int | Non
     return problems
 
 
-def model_shape(model: str, dry_run: bool) -> tuple[int, int]:
-    """(layers, attention heads per layer) of a model, from its config."""
+def model_shape(model: str, dry_run: bool) -> tuple[int, int, str]:
+    """(layers, attention heads per layer, transformers model_type) of a model, from its config."""
     from trainables.models import load_config
 
     if dry_run and model in KNOWN_SHAPES:  # counting needs no download (nor a network timeout)
-        return KNOWN_SHAPES[model]
+        return (*KNOWN_SHAPES[model], "bert")
     config = load_config(model)
-    heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_heads")
-    return int(config.num_hidden_layers), int(heads)
+    return int(config.num_hidden_layers), int(config.num_attention_heads), str(config.model_type)
+
+
+def family_problems(model: str, model_type: str, experiment: str, settings: GridSettings) -> list[str]:
+    """Whether the model's family is supported, and supports this experiment and its pooler options."""
+    from trainables.models import FAMILIES
+
+    if model_type not in FAMILIES:
+        return [f"--model: '{model}' is a '{model_type}' model; supported families: {', '.join(FAMILIES)}"]
+    reason = FAMILIES[model_type].not_layerwise
+    if reason and experiment != "probing":
+        return [f"--model: '{model}' cannot run {experiment}: {reason}"]
+    if FAMILIES[model_type].pooler is None:
+        no_pooler = f"'{model}' is a '{model_type}' model, whose classifier has no pretrained pooler"
+        if settings.reinit_pooler:
+            return [f"--reinit-pooler: {no_pooler} (its head is drawn fresh in every trial); leave it out"]
+        if experiment == "probing" and set(settings.probes) - {"mean-pool"}:
+            return [f"--probes: {', '.join(sorted(set(settings.probes) - {'mean-pool'}))} read the pooler; "
+                    f"{no_pooler}; allowed for it: mean-pool"]
+    return []
+
+
+def buildable(model: str):
+    """The model's pretrained weights, once a classifier has been built from them: a checkpoint whose
+    weights do not fit its architecture is refused here, before Ray starts, not inside every trial."""
+    from trainables.models import build_classifier, load_pretrained
+
+    pretrained = load_pretrained(model)
+    build_classifier(pretrained, num_labels=2, seed=0)
+    return pretrained
 
 
 def describe_grid(specs: list[TrialSpec]) -> str:
@@ -357,9 +385,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     settings = settings_from_args(args)
     try:
-        num_layers, num_heads = model_shape(settings.model, args.dry_run)
+        num_layers, num_heads, model_type = model_shape(settings.model, args.dry_run)
     except (OSError, ValueError) as err:  # no such folder, no safetensors weights, no hub to reach
         return refuse([f"--model: '{settings.model}' cannot be loaded: {err}"])
+    problems = family_problems(settings.model, model_type, args.experiment, settings)
+    if problems:
+        return refuse(problems)
     problems = validate(settings, args, num_layers, num_heads)
     if not args.dry_run:  # a dry run writes nothing and connects to nothing
         problems += storage_problems(args.storage) + address_problems(args.address)
@@ -395,14 +426,16 @@ def main(argv: list[str] | None = None) -> int:
         table = best_table
     print(f"{len(specs) - len(todo)} already done, {len(todo)} to run")
     if todo:
-        run(todo, settings, args, folder, raw)
+        try:
+            pretrained = buildable(settings.model)
+        except (OSError, ValueError) as err:
+            return refuse([f"--model: '{settings.model}' cannot be built: {err}"])
+        run(todo, settings, args, folder, pretrained, raw)
     return report(folder, grid_ids, table)
 
 
-def run(todo: list[TrialSpec], settings: GridSettings, args, folder: Path, raw: dict | None = None) -> None:
+def run(todo: list[TrialSpec], settings: GridSettings, args, folder: Path, pretrained, raw: dict | None = None) -> None:
     import ray
-
-    from trainables.models import load_pretrained
 
     owns_ray = not ray.is_initialized()
     if owns_ray:
@@ -419,15 +452,14 @@ def run(todo: list[TrialSpec], settings: GridSettings, args, folder: Path, raw: 
         started = time.perf_counter()
         try:
             data = prepare_data(settings, todo, raw)
-            pretrained = {settings.model: load_pretrained(settings.model)}
-        except (OSError, ValueError) as err:  # a malformed file, a model that will not load
+        except (OSError, ValueError) as err:  # a malformed file
             raise SystemExit(f"cannot start the sweep: {err}") from err
         print(f"data and weights ready in {time.perf_counter() - started:.1f}s; "
               f"watch trials with `tensorboard --logdir {parent(folder)}`")
         EXPERIMENTS[args.experiment].run_function()(
             todo,
             data=data,
-            pretrained=pretrained,
+            pretrained={settings.model: pretrained},
             folder=folder,
             tune_dir=parent(folder),
             cpus_per_trial=args.cpus_per_trial,

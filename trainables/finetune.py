@@ -408,6 +408,7 @@ def finetune(
             "train_loss": stats.loss,
             "lr_last": float(scheduler.get_last_lr()[0]),
             "metric_name": data.metric,
+            "model_type": pretrained.model_type,
             **({"dev_metric": by_epoch[-1]} if metrics else {}),
             "dev_metrics_by_epoch": list(by_epoch),
             "dev_epochs": list(dev_epochs),

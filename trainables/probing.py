@@ -297,6 +297,7 @@ def probe_subset(
             "probe": probe,
             "layer": int(layer),
             "metric_name": data.metric,
+            "model_type": pretrained.model_type,
             "dev_metric": float(metrics[data.metric]),
             **{f"dev_{name}": float(value) for name, value in metrics.items()},
             "val_metric": float(val_metrics[data.metric]),
