@@ -248,13 +248,6 @@ def load_task_source(source: TaskSource) -> TaskData:
     train, dev = (read_records(source, split) for split in (train_name, dev_name))
     regression = is_regression(source, train)
     label_names = () if regression else class_names(source, train)
-    columns = {"text_a": [], "text_b": []}
-    splits = []
-    for records in (train, dev):
-        texts = [[text_value(source, where, record, c) for where, record in records] for c in source.text_columns]
-        labels = [label_value(source, where, record[source.label_column], regression, label_names)
-                  for where, record in records]
-        splits.append({**dict(zip(columns, texts)), "label": labels})
     metric = source.metric or ("pearson" if regression else "accuracy")
     if metric == "f1" and len(label_names) != 2:
         raise ValueError(f"--metric f1 scores the second of two classes; task '{source.name}' has "
@@ -262,13 +255,20 @@ def load_task_source(source: TaskSource) -> TaskData:
     reported = REGRESSION_METRICS if regression else ("accuracy", "macro_f1")
     task = Task(source.name, source.text_columns, 1 if regression else len(label_names), metric, None,
                 metrics=tuple(dict.fromkeys([metric, *reported])), label_names=label_names)
-    features = split_features(task)
-    train_set, dev_set = (datasets.Dataset.from_dict({k: v for k, v in split.items() if k in features},
-                                                     features=features) for split in splits)
+    train_set, dev_set = (task_split(source, task, records) for records in (train, dev))
     return TaskData(task, train_set, dev_set, source.location if source.is_hub else f"file:{source.location}")
 
 
 Records = list[tuple[str, dict]]  # (where: "FILE, line N", the example's columns)
+
+
+def task_split(source: TaskSource, task: Task, records: Records) -> datasets.Dataset:
+    """Records as a split of the common schema: text_a (text_b), label (a class id, or a float)."""
+    texts = [[text_value(where, record, column) for where, record in records] for column in source.text_columns]
+    labels = [label_value(source, where, record[source.label_column], task.is_regression, task.label_names)
+              for where, record in records]
+    return datasets.Dataset.from_dict({**dict(zip(("text_a", "text_b"), texts)), "label": labels},
+                                      features=split_features(task))
 
 
 def read_records(source: TaskSource, split: str) -> Records:
@@ -358,7 +358,7 @@ def read_hub_split(source: TaskSource, split: str) -> Records:
     return [(f"{source.location} split '{split}', row {i}", row) for i, row in enumerate(loaded.to_list(), start=1)]
 
 
-def text_value(source: TaskSource, where: str, record: dict, column: str) -> str:
+def text_value(where: str, record: dict, column: str) -> str:
     value = record.get(column)
     if not isinstance(value, str):
         raise ValueError(f"{where}: text column '{column}' holds {value!r}, not text")
