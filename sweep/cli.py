@@ -67,8 +67,21 @@ def build_parser() -> argparse.ArgumentParser:
                         "built-in synthetic task; paper: the paper's grid on bert-base-uncased)")
     grid = p.add_argument_group("grid")
     grid.add_argument("--model", help="hub name, local folder, or 'minilm' (the offline MiniLM package)")
-    grid.add_argument("--tasks", nargs="+", help="GLUE names (sst2 cola qnli rte mrpc stsb wnli) or synthetic")
+    grid.add_argument("--tasks", nargs="+",
+                      help="GLUE names (sst2 cola qnli rte mrpc stsb wnli), synthetic, or a --task-file NAME")
     grid.add_argument("--data-dir", help="a local GLUE folder (SST-2/train.tsv, ...); default: the hub")
+    own = p.add_argument_group("your own task (use its NAME in --tasks)")
+    own.add_argument("--task-file", nargs="+", metavar="NAME=DIR",
+                     help="define task NAME from a folder holding a train and a dev file (.csv, .tsv, .jsonl or "
+                          ".parquet), or from a hub dataset: NAME=hub:DATASET[:CONFIG]")
+    own.add_argument("--text-columns", nargs="+", metavar="COLUMN", help="the text column, or two for a pair")
+    own.add_argument("--label-column", metavar="COLUMN",
+                     help="class names (strings or integers), or numbers for regression")
+    own.add_argument("--splits", nargs=2, metavar=("TRAIN", "DEV"),
+                     help="file names without suffix, or hub split names (default: train dev; hub: train validation)")
+    own.add_argument("--metric", help="headline metric: accuracy, macro_f1, f1 (two classes), matthews_correlation, "
+                                      "or pearson, spearman (regression); default: accuracy for classes (macro_f1 "
+                                      "reported too), pearson for numbers (spearman too)")
     grid.add_argument("--sizes", nargs="+", type=int, help="training subset sizes")
     grid.add_argument("--trials", nargs="+", help="trials per size: N, or SIZE=N items (e.g. 500=50 3)")
     grid.add_argument("--fractions", nargs="+", type=float,
@@ -223,7 +236,47 @@ def settings_from_args(args) -> GridSettings:
         multiplier_range=tuple(args.multiplier_range or (0.1, 10.0)),
         multiplier_group=args.group or "layer",
         val_fraction=args.val_fraction if args.val_fraction is not None else 0.2,
+        task_sources=task_sources(args),
     )
+
+
+def task_sources(args) -> tuple:
+    """The --task-file definitions; malformed ones are left to task_file_problems to report."""
+    from trainables.tasks import HUB_PREFIX, TaskSource
+
+    sources = []
+    for item in args.task_file or ():
+        name, _, location = item.partition("=")
+        if name and location:
+            location = location if location.startswith(HUB_PREFIX) else str(Path(location).expanduser().resolve())
+            sources.append(TaskSource(name, location, tuple(args.text_columns or ()), args.label_column or "",
+                                      tuple(args.splits) if args.splits else None, args.metric))
+    return tuple(sources)
+
+
+def task_file_problems(args) -> list[str]:
+    from trainables.tasks import CLASS_METRICS, HUB_PREFIX, REGRESSION_METRICS, TASKS
+
+    if not args.task_file:
+        given = [o for o, v in (("--text-columns", args.text_columns), ("--label-column", args.label_column),
+                                ("--splits", args.splits), ("--metric", args.metric)) if v]
+        return [f"{given[0]}: only means something with --task-file NAME=DIR"] if given else []
+    problems = []
+    for item in args.task_file:
+        name, _, location = item.partition("=")
+        if not name or not location:
+            problems.append(f"--task-file: '{item}' is not NAME=DIR or NAME=hub:DATASET[:CONFIG]")
+        elif name in TASKS:
+            problems.append(f"--task-file: '{name}' is a built-in task's name; choose another")
+        elif not location.startswith(HUB_PREFIX) and not Path(location).expanduser().is_dir():
+            problems.append(f"--task-file: '{location}' (task '{name}') is not a folder")
+    if not args.text_columns or len(args.text_columns) > 2:
+        problems.append(f"--text-columns: give one text column or two (a pair); got {len(args.text_columns or ())}")
+    if not args.label_column:
+        problems.append("--label-column: which column holds the labels; --task-file needs it")
+    if args.metric is not None and args.metric not in (*CLASS_METRICS, *REGRESSION_METRICS):
+        problems.append(f"--metric: '{args.metric}' is not one of {', '.join((*CLASS_METRICS, *REGRESSION_METRICS))}")
+    return problems
 
 
 def resolve_precision(precision: str, gpus_per_trial: float) -> str:
@@ -238,13 +291,14 @@ def validate(settings: GridSettings, args, num_layers: int, num_heads: int | Non
     """Every problem with the request, each naming the option, the value and what is allowed."""
     from trainables.tasks import TASKS
 
-    problems = []
+    problems = task_file_problems(args)
+    known = [*sorted(TASKS), *settings.sources]
     for task in settings.tasks:
-        if task not in TASKS:
-            problems.append(f"--tasks: unknown task '{task}'; allowed: {', '.join(sorted(TASKS))}")
+        if task not in known:
+            problems.append(f"--tasks: unknown task '{task}'; allowed: {', '.join(known)}")
     for task in settings.intermediate_tasks or ():
-        if task not in TASKS:
-            problems.append(f"--intermediate-tasks: unknown task '{task}'; allowed: {', '.join(sorted(TASKS))}")
+        if task not in known:
+            problems.append(f"--intermediate-tasks: unknown task '{task}'; allowed: {', '.join(known)}")
     if not settings.sizes and not settings.fractions:
         problems.append("--sizes: no subset size given; give --sizes or --fractions")
     for fraction in settings.fractions:
@@ -315,15 +369,43 @@ def validate(settings: GridSettings, args, num_layers: int, num_heads: int | Non
     return problems
 
 
-def model_shape(model: str, dry_run: bool) -> tuple[int, int]:
-    """(layers, attention heads per layer) of a model, from its config."""
+def model_shape(model: str, dry_run: bool) -> tuple[int, int, str]:
+    """(layers, attention heads per layer, transformers model_type) of a model, from its config."""
     from trainables.models import load_config
 
     if dry_run and model in KNOWN_SHAPES:  # counting needs no download (nor a network timeout)
-        return KNOWN_SHAPES[model]
+        return (*KNOWN_SHAPES[model], "bert")
     config = load_config(model)
-    heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_heads")
-    return int(config.num_hidden_layers), int(heads)
+    return int(config.num_hidden_layers), int(config.num_attention_heads), str(config.model_type)
+
+
+def family_problems(model: str, model_type: str, experiment: str, settings: GridSettings) -> list[str]:
+    """Whether the model's family is supported, and supports this experiment and its pooler options."""
+    from trainables.models import FAMILIES
+
+    if model_type not in FAMILIES:
+        return [f"--model: '{model}' is a '{model_type}' model; supported families: {', '.join(FAMILIES)}"]
+    reason = FAMILIES[model_type].not_layerwise
+    if reason and experiment != "probing":
+        return [f"--model: '{model}' cannot run {experiment}: {reason}"]
+    if FAMILIES[model_type].pooler is None:
+        no_pooler = f"'{model}' is a '{model_type}' model, whose classifier has no pretrained pooler"
+        if settings.reinit_pooler:
+            return [f"--reinit-pooler: {no_pooler} (its head is drawn fresh in every trial); leave it out"]
+        if experiment == "probing" and set(settings.probes) - {"mean-pool"}:
+            return [f"--probes: {', '.join(sorted(set(settings.probes) - {'mean-pool'}))} read the pooler; "
+                    f"{no_pooler}; allowed for it: mean-pool"]
+    return []
+
+
+def buildable(model: str):
+    """The model's pretrained weights, once a classifier has been built from them: a checkpoint whose
+    weights do not fit its architecture is refused here, before Ray starts, not inside every trial."""
+    from trainables.models import build_classifier, load_pretrained
+
+    pretrained = load_pretrained(model)
+    build_classifier(pretrained, num_labels=2, seed=0)
+    return pretrained
 
 
 def describe_grid(specs: list[TrialSpec]) -> str:
@@ -341,7 +423,7 @@ def describe_grid(specs: list[TrialSpec]) -> str:
 def load_raw_tasks(settings: GridSettings, tasks) -> dict:
     from trainables.tasks import load_task
 
-    return {task: load_task(task, settings.data_dir) for task in tasks}
+    return {task: load_task(task, settings.data_dir, sources=settings.sources) for task in tasks}
 
 
 def prepare_data(settings: GridSettings, specs: list[TrialSpec], raw: dict | None = None) -> dict:
@@ -359,8 +441,17 @@ def prepare_data(settings: GridSettings, specs: list[TrialSpec], raw: dict | Non
         if size > len(raw[task].train):
             raise SystemExit(f"--sizes: {size} is larger than the {task} train split ({len(raw[task].train):,} examples)")
     tokenizer = load_tokenizer(settings.model)
-    return {data_key(task, settings.max_length): tokenize_task(raw[task], tokenizer, settings.model, settings.max_length)
+    cache = tokenized_cache()
+    return {data_key(task, settings.max_length): tokenize_task(raw[task], tokenizer, settings.model,
+                                                               settings.max_length, cache)
             for task in needed}
+
+
+def tokenized_cache() -> Path:
+    """Where tokenized splits are kept between sweeps: in `datasets`' cache (HF_DATASETS_CACHE moves it)."""
+    import datasets
+
+    return Path(datasets.config.HF_DATASETS_CACHE) / "reinit-sweep-tokenized"
 
 
 def refuse(problems: list[str]) -> int:
@@ -375,20 +466,26 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     settings = settings_from_args(args)
     try:
-        num_layers, num_heads = model_shape(settings.model, args.dry_run)
+        num_layers, num_heads, model_type = model_shape(settings.model, args.dry_run)
     except (OSError, ValueError) as err:  # no such folder, no safetensors weights, no hub to reach
         return refuse([f"--model: '{settings.model}' cannot be loaded: {err}"])
+    problems = family_problems(settings.model, model_type, args.experiment, settings)
+    if problems:
+        return refuse(problems)
     problems = validate(settings, args, num_layers, num_heads)
     if not args.dry_run:  # a dry run writes nothing and connects to nothing
         problems += storage_problems(args.storage) + address_problems(args.address)
     if problems:
         return refuse(problems)
-    raw = None
     tasks = list(dict.fromkeys([*settings.tasks, *(settings.intermediate_tasks or ())]))
+    try:  # the user's files are read whole, and every problem in them reported, before any work
+        raw = load_raw_tasks(settings, [t for t in tasks if t in settings.sources]) or None
+    except (OSError, ValueError) as err:
+        return refuse([str(err)])
     if settings.fractions and args.dry_run and settings.data_dir is None and set(tasks) <= KNOWN_TRAIN_SIZES.keys():
         settings = dataclasses.replace(settings, train_split_sizes=tuple((t, KNOWN_TRAIN_SIZES[t]) for t in tasks))
     elif settings.fractions:  # sizes from fractions need each task's train split size
-        raw = load_raw_tasks(settings, tasks)
+        raw = {**load_raw_tasks(settings, [t for t in tasks if t not in (raw or {})]), **(raw or {})}
         settings = dataclasses.replace(
             settings, train_split_sizes=tuple((task, len(data.train)) for task, data in raw.items()))
     specs = EXPERIMENTS[args.experiment].build(settings, num_layers, num_heads)
@@ -415,14 +512,17 @@ def main(argv: list[str] | None = None) -> int:
     record_plan(sweep_dir(args.storage, name), argv, args.experiment, planned, rerun_skips)
     print(f"{len(specs) - len(todo)} already done, {len(todo)} to run")
     if todo:
-        run(todo, settings, args, folder, raw)
+        print(f"loading {settings.model}", flush=True)
+        try:
+            pretrained = buildable(settings.model)
+        except (OSError, ValueError) as err:
+            return refuse([f"--model: '{settings.model}' cannot be built: {err}"])
+        run(todo, settings, args, folder, pretrained, raw)
     return report(folder, {row["trial_id"] for row in planned}, table)
 
 
-def run(todo: list[TrialSpec], settings: GridSettings, args, folder: Path, raw: dict | None = None) -> None:
+def run(todo: list[TrialSpec], settings: GridSettings, args, folder: Path, pretrained, raw: dict | None = None) -> None:
     import ray
-
-    from trainables.models import load_pretrained
 
     owns_ray = not ray.is_initialized()
     if owns_ray:
@@ -439,18 +539,17 @@ def run(todo: list[TrialSpec], settings: GridSettings, args, folder: Path, raw: 
             raise SystemExit(cannot_start(problems))
         started = time.perf_counter()
         tasks = ", ".join(sorted({task for spec in todo for task in spec.tasks}))
-        print(f"preparing {len(todo)} trials: loading and tokenizing {tasks}, loading {settings.model}", flush=True)
+        print(f"preparing {len(todo)} trials: loading and tokenizing {tasks}", flush=True)
         try:
             data = prepare_data(settings, todo, raw)
-            pretrained = {settings.model: load_pretrained(settings.model)}
-        except (OSError, ValueError) as err:  # a malformed file, a model that will not load
+        except (OSError, ValueError) as err:  # a malformed file
             raise SystemExit(f"cannot start the sweep: {err}") from err
         print(f"data and weights ready in {time.perf_counter() - started:.1f}s; trials start now\n"
               f"TensorBoard (per-epoch curves of every trial): tensorboard --logdir {parent(folder)}", flush=True)
         EXPERIMENTS[args.experiment].run_function()(
             todo,
             data=data,
-            pretrained=pretrained,
+            pretrained={settings.model: pretrained},
             folder=folder,
             tune_dir=parent(folder),
             cpus_per_trial=args.cpus_per_trial,

@@ -119,7 +119,7 @@ RESULT_COLUMNS = {
     "status", "metric_name", "dev_metric", "dev_metrics_by_epoch", "train_loss", "lr_last", "resumed_from_epoch",
     "train_seconds", "eval_seconds", "wall_seconds", "model_flops", "mfu", "peak_flops", "peak_flops_source",
     "device", "torch_threads", "weight_distance", "dev_epochs", "epochs_run", "clipped_steps",
-    "intermediate_weight_distance", "pack_size", "pack_id",
+    "intermediate_weight_distance", "pack_size", "pack_id", "model_type", "label_names", "task_file",
 }  # fmt: skip
 
 

@@ -24,6 +24,7 @@ from trainables.cost import cost_fields, non_embedding_params, peak_flops, seque
 from trainables.data import TokenizedSplit, TokenizedTask, collate, draw_subset, eval_batches, train_batches
 from trainables.metrics import compute_metrics
 from trainables.models import Pretrained, build_classifier, layer_stack, pooler
+from trainables.tasks import Task
 
 LR_SCHEDULES = ("linear", "constant")
 PRECISIONS = ("fp32", "bf16")
@@ -205,7 +206,7 @@ class Compute:
             torch.cuda.synchronize()
 
 
-def evaluate(model, split, metric_task: str, batch_size: int, compute: Compute) -> dict:
+def evaluate(model, split, metric_task: Task, batch_size: int, compute: Compute) -> dict:
     model.eval()
     preds = []
     batches = eval_batches(split, batch_size)
@@ -389,13 +390,13 @@ def finetune(
         metrics = {}
         tick = time.perf_counter()
         if status == "ok" and evaluated_at(epoch, cfg):
-            metrics = evaluate(model, data.validation, data.task, cfg.eval_batch_size, compute)
+            metrics = evaluate(model, data.validation, data.definition, cfg.eval_batch_size, compute)
             flops += compute.flops(data.validation.lengths, train=False)
         if metrics:
             by_epoch.append(float(metrics[data.metric]))
             dev_epochs.append(epoch)
         if held_split is not None:  # the search's objective: every epoch, for ASHA (which needs it in every report)
-            val = evaluate(model, held_split, data.task, cfg.eval_batch_size, compute)
+            val = evaluate(model, held_split, data.definition, cfg.eval_batch_size, compute)
             flops += compute.flops(held_split.lengths, train=False)
             val_by_epoch.append(float(val[data.metric]))
         eval_seconds += time.perf_counter() - tick
@@ -408,6 +409,8 @@ def finetune(
             "train_loss": stats.loss,
             "lr_last": float(scheduler.get_last_lr()[0]),
             "metric_name": data.metric,
+            "model_type": pretrained.model_type,
+            **data.columns(),
             **({"dev_metric": by_epoch[-1]} if metrics else {}),
             "dev_metrics_by_epoch": list(by_epoch),
             "dev_epochs": list(dev_epochs),

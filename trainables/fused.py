@@ -379,7 +379,7 @@ class Pack:
         order, predictions = np.concatenate(batches), np.concatenate(preds, axis=1)
         ordered = np.empty_like(predictions)
         ordered[:, order] = predictions
-        return [compute_metrics(self.data.task, ordered[p], split.labels) for p in range(P)]
+        return [compute_metrics(self.data.definition, ordered[p], split.labels) for p in range(P)]
 
     def weight_distance(self) -> list[list[float]]:
         return pack_weight_distance(self.start, self.weights, self.encoder.num_layers)
