@@ -93,7 +93,13 @@ def build_classifier(pretrained: Pretrained, num_labels: int, seed: int) -> nn.M
     config.problem_type = "regression" if num_labels == 1 else "single_label_classification"
     torch.manual_seed(seed)
     model = AutoModelForSequenceClassification.from_config(config)
-    missing, unexpected = model.base_model.load_state_dict(pretrained.state_dict, strict=False)
+    load_encoder_weights(model.base_model, pretrained)
+    return model
+
+
+def load_encoder_weights(base: nn.Module, pretrained: Pretrained) -> None:
+    """The pretrained weights into a freshly built encoder of the same architecture."""
+    missing, unexpected = base.load_state_dict(pretrained.state_dict, strict=False)
     # Buffers such as position_ids may be absent from older checkpoints; real weights may not.
     missing = [k for k in missing if not k.endswith("position_ids")]
     if missing or unexpected:
@@ -101,7 +107,6 @@ def build_classifier(pretrained: Pretrained, num_labels: int, seed: int) -> nn.M
             f"model '{pretrained.name}': pretrained weights do not fit its architecture "
             f"(missing {missing[:5]}, unexpected {unexpected[:5]})"
         )
-    return model
 
 
 def layer_stack(model: nn.Module) -> nn.ModuleList:
