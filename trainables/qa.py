@@ -140,9 +140,10 @@ class QASplit(TokenizedSplit):
 def tokenize_qa_split(dataset: datasets.Dataset, tokenizer, max_length: int) -> QASplit:
     if not getattr(tokenizer, "is_fast", False):
         raise ValueError(f"task '{SQUAD_V2}' needs a fast tokenizer (character offsets); {type(tokenizer).__name__} is not")
-    contexts = list(dataset["context"])
+    columns = dataset.to_dict()  # whole columns at once: a datasets Column iterates row by row
+    contexts = columns["context"]
     encoded = tokenizer(
-        [q.lstrip() for q in dataset["question"]],  # some questions start with spaces that only waste the window
+        [q.lstrip() for q in columns["question"]],  # some questions start with spaces that only waste the window
         contexts,
         truncation="only_second",
         max_length=max_length,
@@ -152,7 +153,7 @@ def tokenize_qa_split(dataset: datasets.Dataset, tokenizer, max_length: int) -> 
         return_token_type_ids=True,
         return_attention_mask=False,
     )
-    answers = list(dataset["answers"])
+    answers = columns["answers"]
     question_of = np.asarray(encoded["overflow_to_sample_mapping"], dtype=np.int64)
     labels, cls_positions, char_starts, char_ends = [], [], [], []
     for i, offsets in enumerate(encoded["offset_mapping"]):
@@ -175,7 +176,7 @@ def tokenize_qa_split(dataset: datasets.Dataset, tokenizer, max_length: int) -> 
         char_starts=np.concatenate(char_starts).astype(np.int32),
         char_ends=np.concatenate(char_ends).astype(np.int32),
         cls_positions=np.asarray(cls_positions, dtype=np.int64),
-        ids=tuple(dataset["id"]),
+        ids=tuple(columns["id"]),
         contexts=tuple(contexts),
         answers=tuple(tuple(a["text"]) for a in answers),
     )
