@@ -161,3 +161,8 @@ def test_real_sweep_on_the_shared_slices(ray_local, tiny_bert, squad_dir, tmp_pa
     for name in ("exact", "f1", "has_ans_exact", "has_ans_f1", "no_ans_exact", "no_ans_f1"):
         assert rows[f"dev_{name}"].between(0, 1).all(), name
     assert (rows["dev_metric"] == rows["dev_f1"]).all()
+    # The analysis summarizes exact match (or any other SQuAD column) as it does the headline metric.
+    from analysis.stats import condition_table
+
+    exact = condition_table(rows.reset_index(), value="dev_exact").set_index("k")["mean"]
+    assert exact.to_dict() == pytest.approx(rows["dev_exact"].to_dict())
