@@ -16,6 +16,7 @@ Training subsets count questions: a subset of n questions trains on all of their
 from __future__ import annotations
 
 import collections
+import copy
 import dataclasses
 import json
 import re
@@ -268,8 +269,6 @@ class SpanModel(nn.Module):
 
 def build_span_model(pretrained: Pretrained, seed: int) -> SpanModel:
     """A span model with the pretrained encoder and a fresh head drawn from `seed`."""
-    import copy
-
     torch.manual_seed(seed)
     model = SpanModel(copy.deepcopy(pretrained.config))
     load_encoder_weights(model.base_model, pretrained)
