@@ -97,7 +97,8 @@ def drop_checkpoints(trial) -> None:
 RESULT_COLUMNS = {
     "status", "metric_name", "dev_metric", "dev_metrics_by_epoch", "train_loss", "lr_last", "resumed_from_epoch",
     "train_seconds", "eval_seconds", "wall_seconds", "model_flops", "mfu", "peak_flops", "peak_flops_source",
-    "device", "torch_threads", "weight_distance",
+    "device", "torch_threads", "weight_distance", "dev_epochs", "epochs_run", "clipped_steps",
+    "intermediate_weight_distance",
 }  # fmt: skip
 
 

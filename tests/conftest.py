@@ -47,6 +47,23 @@ def tiny_bert(tmp_path_factory) -> str:
     return str(save_tiny_bert(tmp_path_factory.mktemp("tiny-bert")))
 
 
+@pytest.fixture(scope="module")
+def pretrained(tiny_bert):
+    from trainables.models import load_pretrained
+
+    return load_pretrained(tiny_bert)
+
+
+@pytest.fixture(scope="module")
+def synthetic(tiny_bert):
+    """The built-in synthetic task tokenized for the tiny model (modules may define their own)."""
+    from trainables.data import tokenize_task
+    from trainables.models import load_tokenizer
+    from trainables.tasks import load_task
+
+    return tokenize_task(load_task("synthetic"), load_tokenizer(tiny_bert), "tiny", 128)
+
+
 @pytest.fixture(scope="session")
 def glue_dir() -> Path:
     if not (GLUE_DIR / "SST-2" / "train.tsv").exists():

@@ -7,20 +7,8 @@ import numpy as np
 import pytest
 
 from trainables.ablations import Reinit
-from trainables.data import draw_subset, tokenize_task
+from trainables.data import draw_subset
 from trainables.finetune import FinetuneConfig, default_epochs, finetune
-from trainables.models import load_pretrained, load_tokenizer
-from trainables.tasks import load_task
-
-
-@pytest.fixture(scope="module")
-def pretrained(tiny_bert):
-    return load_pretrained(tiny_bert)
-
-
-@pytest.fixture(scope="module")
-def synthetic(tiny_bert):
-    return tokenize_task(load_task("synthetic"), load_tokenizer(tiny_bert), "tiny", 128)
 
 
 def test_paper_epoch_rule():

@@ -135,7 +135,8 @@ def test_failed_and_diverged_trials_land_as_rows_and_the_sweep_goes_on(ray_local
     assert len(rows) == 3
     assert rows.loc[ok.trial_id, "status"] == "ok" and rows.loc[ok.trial_id, "dev_metric"] >= 0
     assert rows.loc[diverged.trial_id, "status"] == "diverged"
-    assert rows.loc[diverged.trial_id, "dev_metrics_by_epoch"].size == 1  # stopped after the first epoch
+    assert rows.loc[diverged.trial_id, "epochs_run"] == 1  # stopped after the first epoch
+    assert rows.loc[diverged.trial_id, "dev_metrics_by_epoch"].size == 0  # a diverged model is not evaluated
     assert rows.loc[broken.trial_id, "status"] == "error"
     assert "reinit_layers [9] are outside 1..4" in rows.loc[broken.trial_id, "error"]
 

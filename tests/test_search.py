@@ -26,7 +26,10 @@ from trainables.models import build_classifier, layer_stack, load_pretrained, lo
 from trainables.tasks import load_task
 
 NUM_SAMPLES = 4
-LR = 1e-3  # large enough that a tiny model's objective moves with its multipliers
+LR = 1e-2  # large enough that a tiny model's objective moves with its multipliers
+# A base seed whose 4 proposals do not all tie on the 8 held-out examples (with --seed 0 they do, and ASHA
+# then has nothing to stop): the pruning assertions need a study where a later trial falls below a rung.
+SEED = 3
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +108,7 @@ def test_grouped_space_gives_two_multipliers_and_the_baseline_first():
 
 def search_argv(model, storage, name, *extra):
     return ["lr-multipliers", "--model", model, "--tasks", "synthetic", "--sizes", "40", "--k", "2", "--epochs", "2",
-            "--lr", str(LR), "--cpus-per-trial", "2", "--storage", str(storage), "--name", name, *extra]
+            "--lr", str(LR), "--seed", str(SEED), "--cpus-per-trial", "2", "--storage", str(storage), "--name", name, *extra]
 
 
 def searched_study(path) -> optuna.Study:
@@ -143,7 +146,7 @@ def test_real_search_through_tune_never_reads_dev(ray_local, tiny_bert, syntheti
     poisoned = dataclasses.replace(synthetic, validation=dataclasses.replace(
         synthetic.validation, labels=np.zeros_like(synthetic.validation.labels)))
     settings = GridSettings(model=tiny_bert, tasks=("synthetic",), sizes=(40,), trials=((0, 1),), k=(2,),
-                            epochs=2, lr=LR)
+                            epochs=2, lr=LR, seed=SEED)
     specs = lr_multipliers(settings, 4)
     assert [s.trial_id for s in specs] == [cell]
     run_searches(specs, data={"synthetic@128": poisoned}, pretrained={tiny_bert: pretrained},

@@ -282,7 +282,7 @@ def train_epoch(model, split: TokenizedSplit, rows, cfg: FinetuneConfig, optimiz
     return EpochStats(float(torch.stack(losses).mean()), flops, int(clipped))
 
 
-def training_state(epoch: int, model, optimizer, scheduler, rng, by_epoch, val_by_epoch, **counters) -> dict:
+def training_state(epoch: int, model, optimizer, scheduler, rng, by_epoch, dev_epochs, val_by_epoch, **counters) -> dict:
     """All a run needs to continue after `epoch` as if it had never stopped: weights, optimizer and schedule,
     the batch-order and dropout random streams, the figures so far. Tensors are the live ones (no copy):
     write them out before training goes on."""
@@ -295,6 +295,7 @@ def training_state(epoch: int, model, optimizer, scheduler, rng, by_epoch, val_b
         "torch_rng": torch.get_rng_state(),
         "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
         "by_epoch": list(by_epoch),
+        "dev_epochs": list(dev_epochs),
         "val_by_epoch": list(val_by_epoch),
         **counters,  # flops, train_seconds, eval_seconds, wall_seconds, clipped_steps so far
     }
@@ -379,7 +380,10 @@ def finetune(
     optimizer, scheduler = make_optimizer(model, cfg, rows)
 
     peak_flops(str(compute.device))  # a CPU peak is measured now (then cached), outside every timed stretch
-    by_epoch: list[float] = []  # the dev metric per epoch; nan where the dev split was not evaluated
+    # The dev metric at each epoch it was evaluated, and those epochs. No nan placeholders: every logger
+    # (TensorBoard's among them) would warn about them at every report.
+    by_epoch: list[float] = []
+    dev_epochs: list[int] = []
     result: dict = {}
     status = "ok"
     torch.manual_seed(cfg.seed)  # dropout draws from the global stream: start it at the same place every run
@@ -387,6 +391,7 @@ def finetune(
     if resume is not None:
         resumed_from = load_training_state(resume, model, optimizer, scheduler, rng)
         by_epoch, val_by_epoch = list(resume["by_epoch"]), list(resume["val_by_epoch"])
+        dev_epochs = list(resume.get("dev_epochs", range(1, len(by_epoch) + 1)))  # older states: every epoch
         flops, train_seconds, eval_seconds = resume["flops"], resume["train_seconds"], resume["eval_seconds"]
         clipped_steps, phase_one = resume.get("clipped_steps", 0), resume.get("phase_one", {})
         started -= resume["wall_seconds"]
@@ -404,7 +409,9 @@ def finetune(
         if status == "ok" and evaluated_at(epoch, cfg):
             metrics = evaluate(model, data.validation, data.task, cfg.eval_batch_size, compute)
             flops += compute.flops(data.validation.lengths, train=False)
-        by_epoch.append(float(metrics[data.metric]) if metrics else math.nan)
+        if metrics:
+            by_epoch.append(float(metrics[data.metric]))
+            dev_epochs.append(epoch)
         if held_split is not None:  # the search's objective: every epoch, for ASHA (which needs it in every report)
             val = evaluate(model, held_split, data.task, cfg.eval_batch_size, compute)
             flops += compute.flops(held_split.lengths, train=False)
@@ -415,11 +422,13 @@ def finetune(
             "status": status,
             "epoch": epoch,
             "epochs": cfg.epochs,
+            "epochs_run": epoch,
             "train_loss": stats.loss,
             "lr_last": float(scheduler.get_last_lr()[0]),
             "metric_name": data.metric,
             **({"dev_metric": by_epoch[-1]} if metrics else {}),
             "dev_metrics_by_epoch": list(by_epoch),
+            "dev_epochs": list(dev_epochs),
             **{f"dev_{name}": float(value) for name, value in metrics.items()},
             "max_grad_norm": cfg.max_grad_norm,
             "clipped_steps": clipped_steps,
@@ -441,9 +450,10 @@ def finetune(
             result["weight_distance"] = weight_distance(start_weights, model)
         result["resumed_from_epoch"] = resumed_from
         if save is not None and epoch < cfg.epochs and status == "ok":
-            save(training_state(epoch, model, optimizer, scheduler, rng, by_epoch, val_by_epoch, flops=flops,
-                                train_seconds=train_seconds, eval_seconds=eval_seconds, clipped_steps=clipped_steps,
-                                phase_one=phase_one, wall_seconds=time.perf_counter() - started))
+            save(training_state(epoch, model, optimizer, scheduler, rng, by_epoch, dev_epochs, val_by_epoch,
+                                flops=flops, train_seconds=train_seconds, eval_seconds=eval_seconds,
+                                clipped_steps=clipped_steps, phase_one=phase_one,
+                                wall_seconds=time.perf_counter() - started))
         if report is not None:
             report(result)
         if status != "ok":
