@@ -37,7 +37,11 @@ KNOWN_SHAPES = {"bert-base-uncased": (12, 12), "bert-base-cased": (12, 12), "ber
 # GLUE's train split sizes (the hub's nyu-mll/glue), so that a dry run of sizes given as --fractions (the
 # probing paper preset: full splits) counts offline too.
 KNOWN_TRAIN_SIZES = {"sst2": 67349, "cola": 8551, "qnli": 104743, "rte": 2490, "mrpc": 3668, "stsb": 5749,
-                     "wnli": 635}
+                     "wnli": 635, "squad_v2": 130319}
+# The default --max-length: question answering's windows are Hugging Face's example's (384 tokens);
+# sentences fit in 128. Batches are padded to their own longest sequence, so a sentence task run beside
+# squad_v2 at 384 costs the same as at 128.
+DEFAULT_MAX_LENGTH, QA_MAX_LENGTH = 128, 384
 
 
 def parse_trials(values: list[str]) -> tuple[tuple[int, int], ...]:
@@ -68,8 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
     grid = p.add_argument_group("grid")
     grid.add_argument("--model", help="hub name, local folder, or 'minilm' (the offline MiniLM package)")
     grid.add_argument("--tasks", nargs="+",
-                      help="GLUE names (sst2 cola qnli rte mrpc stsb wnli), synthetic, or a --task-file NAME")
-    grid.add_argument("--data-dir", help="a local GLUE folder (SST-2/train.tsv, ...); default: the hub")
+                      help="GLUE names (sst2 cola qnli rte mrpc stsb wnli), squad_v2 (question answering), synthetic, "
+                           "or a --task-file NAME")
+    grid.add_argument("--data-dir", help="a local GLUE folder (SST-2/train.tsv, ...; for squad_v2 the official "
+                                         "train-v2.0.json and dev-v2.0.json); default: the hub")
     own = p.add_argument_group("your own task (use its NAME in --tasks)")
     own.add_argument("--task-file", nargs="+", metavar="NAME=DIR",
                      help="define task NAME from a folder holding a train and a dev file (.csv, .tsv, .jsonl or "
@@ -104,7 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--epochs", type=int, help="default: 5 for subsets of <=500 examples, else 3")
     train.add_argument("--lr", type=float, default=2e-5)
     train.add_argument("--batch-size", type=int, default=8)
-    train.add_argument("--max-length", type=int, default=128)
+    train.add_argument("--max-length", type=int,
+                       help=f"tokens per sequence (default {DEFAULT_MAX_LENGTH}; {QA_MAX_LENGTH} when a task is "
+                            "squad_v2, whose contexts are split into windows of this length sharing a third of it)")
     train.add_argument("--weight-decay", type=float, default=0.0)
     train.add_argument("--lr-schedule", choices=["linear", "constant"], default="linear")
     train.add_argument("--max-grad-norm", type=float, default=1.0,
@@ -212,7 +220,7 @@ def settings_from_args(args) -> GridSettings:
         epochs=pick("epochs"),
         lr=args.lr,
         batch_size=args.batch_size,
-        max_length=args.max_length,
+        max_length=args.max_length or default_max_length([*pick("tasks"), *(pick("intermediate_tasks") or ())]),
         weight_decay=args.weight_decay,
         lr_schedule=args.lr_schedule,
         max_grad_norm=args.max_grad_norm,
@@ -279,6 +287,12 @@ def task_file_problems(args) -> list[str]:
     return problems
 
 
+def default_max_length(tasks) -> int:
+    from trainables.tasks import SQUAD_V2
+
+    return QA_MAX_LENGTH if SQUAD_V2 in tasks else DEFAULT_MAX_LENGTH
+
+
 def resolve_precision(precision: str, gpus_per_trial: float) -> str:
     """`auto`: bf16 where trials get a GPU (tensor cores; the Trainer's usual choice there), fp32 on CPUs,
     where bf16 autocast is faster only on CPUs with bf16 instructions and the paper's numbers are fp32."""
@@ -299,6 +313,9 @@ def validate(settings: GridSettings, args, num_layers: int, num_heads: int | Non
     for task in settings.intermediate_tasks or ():
         if task not in known:
             problems.append(f"--intermediate-tasks: unknown task '{task}'; allowed: {', '.join(known)}")
+    if args.experiment == "probing" and "squad_v2" in settings.tasks:
+        problems.append("--tasks: probing trains a sentence classifier per layer and cannot take squad_v2 "
+                        "(question answering); every finetuning experiment can")
     if not settings.sizes and not settings.fractions:
         problems.append("--sizes: no subset size given; give --sizes or --fractions")
     for fraction in settings.fractions:
@@ -431,6 +448,8 @@ def prepare_data(settings: GridSettings, specs: list[TrialSpec], raw: dict | Non
     any intermediate task); trials share the result via Ray's object store."""
     from trainables.data import tokenize_task
     from trainables.models import load_tokenizer
+    from trainables.qa import tokenize_qa_task
+    from trainables.tasks import SQUAD_V2
 
     needed = {}  # task -> the largest subset any trial draws from it
     for spec in specs:
@@ -442,8 +461,13 @@ def prepare_data(settings: GridSettings, specs: list[TrialSpec], raw: dict | Non
             raise SystemExit(f"--sizes: {size} is larger than the {task} train split ({len(raw[task].train):,} examples)")
     tokenizer = load_tokenizer(settings.model)
     cache = tokenized_cache()
-    return {data_key(task, settings.max_length): tokenize_task(raw[task], tokenizer, settings.model,
-                                                               settings.max_length, cache)
+
+    def tokenize(task):  # question answering has its own windows (trainables.qa), not cached
+        if task == SQUAD_V2:
+            return tokenize_qa_task(raw[task], tokenizer, settings.model, settings.max_length)
+        return tokenize_task(raw[task], tokenizer, settings.model, settings.max_length, cache)
+
+    return {data_key(task, settings.max_length): tokenize(task)
             for task in needed}
 
 

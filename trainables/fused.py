@@ -31,6 +31,7 @@ from trainables.finetune import (RECIPE_VERSION, Compute, FinetuneConfig, evalua
                                  pick_device)
 from trainables.metrics import compute_metrics
 from trainables.models import Pretrained, build_classifier, embeddings, layer_stack, pooler
+from trainables.tasks import SQUAD_V2
 
 # Model types whose encoder has BERT's layout (post-LayerNorm layers, absolute positions, pooler + linear
 # head); RoBERTa, ELECTRA and XLM-R share most of it but differ in positions or heads: they run unfused.
@@ -48,6 +49,8 @@ def unfused_reason(cfg: FinetuneConfig, pretrained: Pretrained) -> str | None:
         return f"model_type '{config.model_type}' has no fused encoder (fused: {', '.join(FUSED_MODEL_TYPES)})"
     if getattr(config, "position_embedding_type", "absolute") != "absolute":
         return f"position_embedding_type '{config.position_embedding_type}' is not absolute"
+    if cfg.task == SQUAD_V2:
+        return "question answering (squad_v2) has a span head and runs unfused"
     if cfg.intermediate_task is not None:
         return "sequential finetuning (intermediate_task) runs unfused"
     if cfg.val_size:

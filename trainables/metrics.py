@@ -12,7 +12,7 @@ import numpy as np
 import scipy.stats
 from scipy.stats.contingency import crosstab
 
-from trainables.tasks import Task, get_task
+from trainables.tasks import SQUAD_V2, Task, get_task
 
 # The metrics reported for each task; a Task not listed here gets its headline metric alone.
 TASK_METRICS: dict[str, tuple[str, ...]] = {
@@ -33,6 +33,8 @@ def headline_metric(task: Task | str) -> str:
 
 def compute_metrics(task: Task | str, predictions, labels) -> dict[str, float]:
     task = as_task(task)
+    if task.name == SQUAD_V2:  # answers are texts, not class ids
+        raise ValueError(f"task '{SQUAD_V2}' is scored on answer texts by trainables.qa.squad_metrics, not on class ids")
     predictions, labels = check_inputs(task, predictions, labels)
     names = task.metrics or TASK_METRICS.get(task.name, (task.metric,))
     return {name: float(METRICS[name](predictions, labels)) for name in names}

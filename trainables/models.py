@@ -162,10 +162,16 @@ def build_classifier(pretrained: Pretrained, num_labels: int, seed: int) -> nn.M
     config.problem_type = "regression" if num_labels == 1 else "single_label_classification"
     torch.manual_seed(seed)
     model = AutoModelForSequenceClassification.from_config(config)
+    load_encoder_weights(model.base_model, pretrained)
+    return model
+
+
+def load_encoder_weights(base: nn.Module, pretrained: Pretrained) -> None:
+    """The pretrained weights into a freshly built encoder of the same architecture."""
     state = pretrained.state_dict
-    if getattr(model.base_model, "pooler", None) is None:  # RoBERTa's head has no pooler; its saved base model has
+    if getattr(base, "pooler", None) is None:  # RoBERTa's head has no pooler; its saved base model has
         state = {k: v for k, v in state.items() if not k.startswith("pooler.")}
-    missing, unexpected = model.base_model.load_state_dict(state, strict=False)
+    missing, unexpected = base.load_state_dict(state, strict=False)
     # Buffers such as position_ids may be absent from older checkpoints, and a pooler; real weights may not.
     missing = [k for k in missing if not k.endswith("position_ids") and not k.startswith("pooler.")]
     if missing or unexpected:
@@ -173,7 +179,6 @@ def build_classifier(pretrained: Pretrained, num_labels: int, seed: int) -> nn.M
             f"model '{pretrained.name}': pretrained weights do not fit its architecture "
             f"(missing {missing[:5]}, unexpected {unexpected[:5]})"
         )
-    return model
 
 
 def layer_stack(model: nn.Module) -> nn.ModuleList:

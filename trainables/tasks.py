@@ -21,6 +21,7 @@ from trainables.synthetic import make_synthetic
 
 HUB_DATASET = "nyu-mll/glue"
 SYNTHETIC = "synthetic"
+SQUAD_V2 = "squad_v2"  # question answering: trainables.qa
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +54,7 @@ TASKS: dict[str, Task] = {
         Task("stsb", ("sentence1", "sentence2"), 1, "pearson", "STS-B"),
         Task("wnli", ("sentence1", "sentence2"), 2, "accuracy", "WNLI"),
         Task(SYNTHETIC, ("text_a", "text_b"), 2, "accuracy", None),
+        Task(SQUAD_V2, ("question", "context"), 2, "f1", None),  # 2 "labels": a start and an end per token
     )
 }
 
@@ -83,6 +85,10 @@ def load_task(name: str, data_dir: str | None = None, *, synthetic_seed: int = 0
     if task.name == SYNTHETIC:
         train, validation = make_synthetic(seed=synthetic_seed)
         return TaskData(task, train, validation, "synthetic")
+    if task.name == SQUAD_V2:
+        from trainables.qa import load_squad  # qa builds on this module
+
+        return load_squad(data_dir)
     if data_dir is not None:
         root = Path(data_dir).resolve()
         train, validation = (read_glue_split(task, root, split) for split in ("train", "validation"))
