@@ -31,14 +31,15 @@ KNOWN_EXPERIMENTS = (
 # Experiments whose rows finetune the whole model from pretrained weights with some layers reset.
 FINETUNE_EXPERIMENTS = ("incremental", "layernorm", "reinit-lr", "localized", "single-layer", "heads")
 
-TASK_ORDER = ["sst2", "qnli", "cola", "mnli", "qqp", "rte", "mrpc", "stsb", "wnli", "squad", "synthetic"]
+TASK_ORDER = ["sst2", "qnli", "cola", "mnli", "qqp", "rte", "mrpc", "stsb", "wnli", "squad", "squad_v2", "synthetic"]
 TASK_NAMES = {
     "sst2": "SST-2", "qnli": "QNLI", "cola": "CoLA", "mnli": "MNLI", "qqp": "QQP", "rte": "RTE",
-    "mrpc": "MRPC", "stsb": "STS-B", "wnli": "WNLI", "squad": "SQuAD", "synthetic": "synthetic",
+    "mrpc": "MRPC", "stsb": "STS-B", "wnli": "WNLI", "squad": "SQuAD", "squad_v2": "SQuAD 2.0",
+    "synthetic": "synthetic",
 }  # fmt: skip
 METRIC_NAMES = {
     "accuracy": "accuracy", "matthews_correlation": "Matthews corr.", "f1": "F1", "pearson": "Pearson r",
-    "spearman": "Spearman r", "exact_match": "exact match",
+    "spearman": "Spearman r", "exact_match": "exact match", "exact": "exact match",
 }  # fmt: skip
 
 SUMMARY_COLUMNS = ["n", "excluded", "diverged", "failed", "mean", "std", "ci95_low", "ci95_high",

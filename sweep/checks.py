@@ -73,7 +73,8 @@ def address_problems(address: str | None, timeout: float = 5.0) -> list[str]:
 
 def data_dir_problems(data_dir: str | None, tasks) -> list[str]:
     """Whether a local GLUE folder holds the train and dev file of every task asked for."""
-    from trainables.tasks import GLUE_FILES, TASKS, get_task
+    from trainables.qa import SQUAD_FILES
+    from trainables.tasks import GLUE_FILES, SQUAD_V2, TASKS, get_task
 
     if data_dir is None:
         return []
@@ -83,6 +84,12 @@ def data_dir_problems(data_dir: str | None, tasks) -> list[str]:
     problems = []
     for name in dict.fromkeys(t for t in tasks if t in TASKS and t != "synthetic"):
         task = get_task(name)
+        if name == SQUAD_V2:
+            missing = [f for f in SQUAD_FILES.values() if not (root / f).is_file()]
+            if missing:
+                problems.append(f"--data-dir: {data_dir} has no {' or '.join(missing)} for task '{name}' (the "
+                                f"official SQuAD 2.0 files); expected {root / missing[0]}")
+            continue
         missing = [f for f in GLUE_FILES.values() if not (root / task.glue_dir / f).is_file()]
         if missing:
             problems.append(f"--data-dir: {data_dir} has no {task.glue_dir}/{' or '.join(missing)} for task "

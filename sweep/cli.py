@@ -11,13 +11,18 @@ from pathlib import Path
 from sweep.checks import address_problems, cannot_start, data_dir_problems, gpu_problems, storage_problems
 from sweep.experiments import EXPERIMENTS, GridSettings
 from sweep.grid import TrialSpec, data_key
+from sweep.packs import parse_pack
 from sweep.runner import CHECKPOINT_EVERY
-from sweep.store import finished_trial_ids, parent, rows_dir
+from sweep.status import main as status_main
+from sweep.status import record_plan
+from sweep.store import FINISHED, finished_trial_ids, parent, rows_dir, sweep_dir
 
 # Each preset fills in whatever the command line leaves unset; "demo" is the embedded offline default.
 PRESETS = {
-    # Demo: three points of the curve, two trials each; about four minutes on two CPU cores.
-    "demo": dict(model="minilm", tasks=["synthetic"], sizes=[500], trials=["2"], k=[0, 3, 6]),
+    # Demo: every layer reinitialized (k=0) or every layer kept (k=6), one trial each, 500 examples, 3 epochs:
+    # two trials, one per core, show the finding in about three minutes (docs/benchmarks.md, "Demo"; on 300
+    # examples the kept model reached 0.64 in one of two trials).
+    "demo": dict(model="minilm", tasks=["synthetic"], sizes=[500], trials=["1"], k=[0, 6], epochs=3),
     "paper": dict(
         model="bert-base-uncased",
         tasks=["sst2", "cola", "qnli"],
@@ -32,7 +37,11 @@ KNOWN_SHAPES = {"bert-base-uncased": (12, 12), "bert-base-cased": (12, 12), "ber
 # GLUE's train split sizes (the hub's nyu-mll/glue), so that a dry run of sizes given as --fractions (the
 # probing paper preset: full splits) counts offline too.
 KNOWN_TRAIN_SIZES = {"sst2": 67349, "cola": 8551, "qnli": 104743, "rte": 2490, "mrpc": 3668, "stsb": 5749,
-                     "wnli": 635}
+                     "wnli": 635, "squad_v2": 130319}
+# The default --max-length: question answering's windows are Hugging Face's example's (384 tokens);
+# sentences fit in 128. Batches are padded to their own longest sequence, so a sentence task run beside
+# squad_v2 at 384 costs the same as at 128.
+DEFAULT_MAX_LENGTH, QA_MAX_LENGTH = 128, 384
 
 
 def parse_trials(values: list[str]) -> tuple[tuple[int, int], ...]:
@@ -53,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m sweep",
         description="Partial-reinitialization finetuning sweeps on Ray Tune; one Parquet row per trial.",
+        epilog="`python -m sweep status [--storage S] NAME`: what a sweep's store holds per cell and what a rerun "
+               "would do, without starting Ray.",
     )
     p.add_argument("experiment", choices=sorted(EXPERIMENTS), help="which ablation grid to run")
     p.add_argument("--preset", choices=sorted(PRESETS), default="demo",
@@ -60,8 +71,23 @@ def build_parser() -> argparse.ArgumentParser:
                         "built-in synthetic task; paper: the paper's grid on bert-base-uncased)")
     grid = p.add_argument_group("grid")
     grid.add_argument("--model", help="hub name, local folder, or 'minilm' (the offline MiniLM package)")
-    grid.add_argument("--tasks", nargs="+", help="GLUE names (sst2 cola qnli rte mrpc stsb wnli) or synthetic")
-    grid.add_argument("--data-dir", help="a local GLUE folder (SST-2/train.tsv, ...); default: the hub")
+    grid.add_argument("--tasks", nargs="+",
+                      help="GLUE names (sst2 cola qnli rte mrpc stsb wnli), squad_v2 (question answering), synthetic, "
+                           "or a --task-file NAME")
+    grid.add_argument("--data-dir", help="a local GLUE folder (SST-2/train.tsv, ...; for squad_v2 the official "
+                                         "train-v2.0.json and dev-v2.0.json); default: the hub")
+    own = p.add_argument_group("your own task (use its NAME in --tasks)")
+    own.add_argument("--task-file", nargs="+", metavar="NAME=DIR",
+                     help="define task NAME from a folder holding a train and a dev file (.csv, .tsv, .jsonl or "
+                          ".parquet), or from a hub dataset: NAME=hub:DATASET[:CONFIG]")
+    own.add_argument("--text-columns", nargs="+", metavar="COLUMN", help="the text column, or two for a pair")
+    own.add_argument("--label-column", metavar="COLUMN",
+                     help="class names (strings or integers), or numbers for regression")
+    own.add_argument("--splits", nargs=2, metavar=("TRAIN", "DEV"),
+                     help="file names without suffix, or hub split names (default: train dev; hub: train validation)")
+    own.add_argument("--metric", help="headline metric: accuracy, macro_f1, f1 (two classes), matthews_correlation, "
+                                      "or pearson, spearman (regression); default: accuracy for classes (macro_f1 "
+                                      "reported too), pearson for numbers (spearman too)")
     grid.add_argument("--sizes", nargs="+", type=int, help="training subset sizes")
     grid.add_argument("--trials", nargs="+", help="trials per size: N, or SIZE=N items (e.g. 500=50 3)")
     grid.add_argument("--fractions", nargs="+", type=float,
@@ -84,7 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--epochs", type=int, help="default: 5 for subsets of <=500 examples, else 3")
     train.add_argument("--lr", type=float, default=2e-5)
     train.add_argument("--batch-size", type=int, default=8)
-    train.add_argument("--max-length", type=int, default=128)
+    train.add_argument("--max-length", type=int,
+                       help=f"tokens per sequence (default {DEFAULT_MAX_LENGTH}; {QA_MAX_LENGTH} when a task is "
+                            "squad_v2, whose contexts are split into windows of this length sharing a third of it)")
     train.add_argument("--weight-decay", type=float, default=0.0)
     train.add_argument("--lr-schedule", choices=["linear", "constant"], default="linear")
     train.add_argument("--max-grad-norm", type=float, default=1.0,
@@ -142,6 +170,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="keep a finished trial's checkpoints (default: deleted once its row is written)")
     run.add_argument("--max-failures", type=failure_count, default=2, metavar="N",
                      help="times a failed or preempted trial is restarted from its last checkpoint (default 2)")
+    run.add_argument("--pack", type=parse_pack, default="auto", metavar="N|auto",
+                     help="train up to N trials of the same task, size and schedule as one fused computation (one "
+                          "Tune trial, resources scaled to it, one row per trial); 1: each trial alone; auto: 1 on "
+                          "CPUs, where fusing does not pay, and as many as fit in GPU memory on GPUs (default auto). "
+                          "Sequential finetuning, searches and probing run unfused")
     return p
 
 
@@ -170,6 +203,8 @@ def settings_from_args(args) -> GridSettings:
     if args.model is not None and args.model != preset["model"]:
         for name in ("k", "layers", "heads"):
             preset.pop(name, None)  # a preset's layer and head picks are chosen for its own model
+    if any(getattr(args, name) is not None for name in ("model", "tasks", "sizes", "fractions")):
+        preset.pop("epochs", None)  # a preset's short schedule is chosen for its own model, task and size
     if args.fractions is not None:
         preset["sizes"] = []  # fractions replace the preset's sizes; --sizes adds to them
     pick = lambda name: getattr(args, name) if getattr(args, name) is not None else preset.get(name)  # noqa: E731
@@ -182,10 +217,10 @@ def settings_from_args(args) -> GridSettings:
         data_dir=str(Path(args.data_dir).resolve()) if args.data_dir else None,
         k=tuple(pick("k")) if pick("k") is not None else None,
         skip=preset.get("skip", frozenset()),
-        epochs=args.epochs,
+        epochs=pick("epochs"),
         lr=args.lr,
         batch_size=args.batch_size,
-        max_length=args.max_length,
+        max_length=args.max_length or default_max_length([*pick("tasks"), *(pick("intermediate_tasks") or ())]),
         weight_decay=args.weight_decay,
         lr_schedule=args.lr_schedule,
         max_grad_norm=args.max_grad_norm,
@@ -209,7 +244,53 @@ def settings_from_args(args) -> GridSettings:
         multiplier_range=tuple(args.multiplier_range or (0.1, 10.0)),
         multiplier_group=args.group or "layer",
         val_fraction=args.val_fraction if args.val_fraction is not None else 0.2,
+        task_sources=task_sources(args),
     )
+
+
+def task_sources(args) -> tuple:
+    """The --task-file definitions; malformed ones are left to task_file_problems to report."""
+    from trainables.tasks import HUB_PREFIX, TaskSource
+
+    sources = []
+    for item in args.task_file or ():
+        name, _, location = item.partition("=")
+        if name and location:
+            location = location if location.startswith(HUB_PREFIX) else str(Path(location).expanduser().resolve())
+            sources.append(TaskSource(name, location, tuple(args.text_columns or ()), args.label_column or "",
+                                      tuple(args.splits) if args.splits else None, args.metric))
+    return tuple(sources)
+
+
+def task_file_problems(args) -> list[str]:
+    from trainables.tasks import CLASS_METRICS, HUB_PREFIX, REGRESSION_METRICS, TASKS
+
+    if not args.task_file:
+        given = [o for o, v in (("--text-columns", args.text_columns), ("--label-column", args.label_column),
+                                ("--splits", args.splits), ("--metric", args.metric)) if v]
+        return [f"{given[0]}: only means something with --task-file NAME=DIR"] if given else []
+    problems = []
+    for item in args.task_file:
+        name, _, location = item.partition("=")
+        if not name or not location:
+            problems.append(f"--task-file: '{item}' is not NAME=DIR or NAME=hub:DATASET[:CONFIG]")
+        elif name in TASKS:
+            problems.append(f"--task-file: '{name}' is a built-in task's name; choose another")
+        elif not location.startswith(HUB_PREFIX) and not Path(location).expanduser().is_dir():
+            problems.append(f"--task-file: '{location}' (task '{name}') is not a folder")
+    if not args.text_columns or len(args.text_columns) > 2:
+        problems.append(f"--text-columns: give one text column or two (a pair); got {len(args.text_columns or ())}")
+    if not args.label_column:
+        problems.append("--label-column: which column holds the labels; --task-file needs it")
+    if args.metric is not None and args.metric not in (*CLASS_METRICS, *REGRESSION_METRICS):
+        problems.append(f"--metric: '{args.metric}' is not one of {', '.join((*CLASS_METRICS, *REGRESSION_METRICS))}")
+    return problems
+
+
+def default_max_length(tasks) -> int:
+    from trainables.tasks import SQUAD_V2
+
+    return QA_MAX_LENGTH if SQUAD_V2 in tasks else DEFAULT_MAX_LENGTH
 
 
 def resolve_precision(precision: str, gpus_per_trial: float) -> str:
@@ -224,13 +305,17 @@ def validate(settings: GridSettings, args, num_layers: int, num_heads: int | Non
     """Every problem with the request, each naming the option, the value and what is allowed."""
     from trainables.tasks import TASKS
 
-    problems = []
+    problems = task_file_problems(args)
+    known = [*sorted(TASKS), *settings.sources]
     for task in settings.tasks:
-        if task not in TASKS:
-            problems.append(f"--tasks: unknown task '{task}'; allowed: {', '.join(sorted(TASKS))}")
+        if task not in known:
+            problems.append(f"--tasks: unknown task '{task}'; allowed: {', '.join(known)}")
     for task in settings.intermediate_tasks or ():
-        if task not in TASKS:
-            problems.append(f"--intermediate-tasks: unknown task '{task}'; allowed: {', '.join(sorted(TASKS))}")
+        if task not in known:
+            problems.append(f"--intermediate-tasks: unknown task '{task}'; allowed: {', '.join(known)}")
+    if args.experiment == "probing" and "squad_v2" in settings.tasks:
+        problems.append("--tasks: probing trains a sentence classifier per layer and cannot take squad_v2 "
+                        "(question answering); every finetuning experiment can")
     if not settings.sizes and not settings.fractions:
         problems.append("--sizes: no subset size given; give --sizes or --fractions")
     for fraction in settings.fractions:
@@ -296,19 +381,48 @@ def validate(settings: GridSettings, args, num_layers: int, num_heads: int | Non
     elif args.experiment == "probing" and 0 < min(settings.sizes, default=2) < 2:
         problems.append(f"--sizes: {min(settings.sizes)} leaves nothing to train a probe on beside the held-out "
                         "part; probing needs at least 2 examples")
-    problems += data_dir_problems(settings.data_dir, [*settings.tasks, *(settings.intermediate_tasks or ())])
+    # The folder as the user typed it: resolved, a path through a symbolic link would read as another one.
+    problems += data_dir_problems(args.data_dir, [*settings.tasks, *(settings.intermediate_tasks or ())])
     return problems
 
 
-def model_shape(model: str, dry_run: bool) -> tuple[int, int]:
-    """(layers, attention heads per layer) of a model, from its config."""
+def model_shape(model: str, dry_run: bool) -> tuple[int, int, str]:
+    """(layers, attention heads per layer, transformers model_type) of a model, from its config."""
     from trainables.models import load_config
 
     if dry_run and model in KNOWN_SHAPES:  # counting needs no download (nor a network timeout)
-        return KNOWN_SHAPES[model]
+        return (*KNOWN_SHAPES[model], "bert")
     config = load_config(model)
-    heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_heads")
-    return int(config.num_hidden_layers), int(heads)
+    return int(config.num_hidden_layers), int(config.num_attention_heads), str(config.model_type)
+
+
+def family_problems(model: str, model_type: str, experiment: str, settings: GridSettings) -> list[str]:
+    """Whether the model's family is supported, and supports this experiment and its pooler options."""
+    from trainables.models import FAMILIES
+
+    if model_type not in FAMILIES:
+        return [f"--model: '{model}' is a '{model_type}' model; supported families: {', '.join(FAMILIES)}"]
+    reason = FAMILIES[model_type].not_layerwise
+    if reason and experiment != "probing":
+        return [f"--model: '{model}' cannot run {experiment}: {reason}"]
+    if FAMILIES[model_type].pooler is None:
+        no_pooler = f"'{model}' is a '{model_type}' model, whose classifier has no pretrained pooler"
+        if settings.reinit_pooler:
+            return [f"--reinit-pooler: {no_pooler} (its head is drawn fresh in every trial); leave it out"]
+        if experiment == "probing" and set(settings.probes) - {"mean-pool"}:
+            return [f"--probes: {', '.join(sorted(set(settings.probes) - {'mean-pool'}))} read the pooler; "
+                    f"{no_pooler}; allowed for it: mean-pool"]
+    return []
+
+
+def buildable(model: str):
+    """The model's pretrained weights, once a classifier has been built from them: a checkpoint whose
+    weights do not fit its architecture is refused here, before Ray starts, not inside every trial."""
+    from trainables.models import build_classifier, load_pretrained
+
+    pretrained = load_pretrained(model)
+    build_classifier(pretrained, num_labels=2, seed=0)
+    return pretrained
 
 
 def describe_grid(specs: list[TrialSpec]) -> str:
@@ -326,7 +440,7 @@ def describe_grid(specs: list[TrialSpec]) -> str:
 def load_raw_tasks(settings: GridSettings, tasks) -> dict:
     from trainables.tasks import load_task
 
-    return {task: load_task(task, settings.data_dir) for task in tasks}
+    return {task: load_task(task, settings.data_dir, sources=settings.sources) for task in tasks}
 
 
 def prepare_data(settings: GridSettings, specs: list[TrialSpec], raw: dict | None = None) -> dict:
@@ -334,6 +448,8 @@ def prepare_data(settings: GridSettings, specs: list[TrialSpec], raw: dict | Non
     any intermediate task); trials share the result via Ray's object store."""
     from trainables.data import tokenize_task
     from trainables.models import load_tokenizer
+    from trainables.qa import tokenize_qa_task
+    from trainables.tasks import SQUAD_V2
 
     needed = {}  # task -> the largest subset any trial draws from it
     for spec in specs:
@@ -344,8 +460,22 @@ def prepare_data(settings: GridSettings, specs: list[TrialSpec], raw: dict | Non
         if size > len(raw[task].train):
             raise SystemExit(f"--sizes: {size} is larger than the {task} train split ({len(raw[task].train):,} examples)")
     tokenizer = load_tokenizer(settings.model)
-    return {data_key(task, settings.max_length): tokenize_task(raw[task], tokenizer, settings.model, settings.max_length)
+    cache = tokenized_cache()
+
+    def tokenize(task):  # question answering has its own windows (trainables.qa), not cached
+        if task == SQUAD_V2:
+            return tokenize_qa_task(raw[task], tokenizer, settings.model, settings.max_length)
+        return tokenize_task(raw[task], tokenizer, settings.model, settings.max_length, cache)
+
+    return {data_key(task, settings.max_length): tokenize(task)
             for task in needed}
+
+
+def tokenized_cache() -> Path:
+    """Where tokenized splits are kept between sweeps: in `datasets`' cache (HF_DATASETS_CACHE moves it)."""
+    import datasets
+
+    return Path(datasets.config.HF_DATASETS_CACHE) / "reinit-sweep-tokenized"
 
 
 def refuse(problems: list[str]) -> int:
@@ -354,23 +484,32 @@ def refuse(problems: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["status"]:
+        return status_main(argv[1:])
     args = build_parser().parse_args(argv)
     settings = settings_from_args(args)
     try:
-        num_layers, num_heads = model_shape(settings.model, args.dry_run)
+        num_layers, num_heads, model_type = model_shape(settings.model, args.dry_run)
     except (OSError, ValueError) as err:  # no such folder, no safetensors weights, no hub to reach
         return refuse([f"--model: '{settings.model}' cannot be loaded: {err}"])
+    problems = family_problems(settings.model, model_type, args.experiment, settings)
+    if problems:
+        return refuse(problems)
     problems = validate(settings, args, num_layers, num_heads)
     if not args.dry_run:  # a dry run writes nothing and connects to nothing
         problems += storage_problems(args.storage) + address_problems(args.address)
     if problems:
         return refuse(problems)
-    raw = None
     tasks = list(dict.fromkeys([*settings.tasks, *(settings.intermediate_tasks or ())]))
+    try:  # the user's files are read whole, and every problem in them reported, before any work
+        raw = load_raw_tasks(settings, [t for t in tasks if t in settings.sources]) or None
+    except (OSError, ValueError) as err:
+        return refuse([str(err)])
     if settings.fractions and args.dry_run and settings.data_dir is None and set(tasks) <= KNOWN_TRAIN_SIZES.keys():
         settings = dataclasses.replace(settings, train_split_sizes=tuple((t, KNOWN_TRAIN_SIZES[t]) for t in tasks))
     elif settings.fractions:  # sizes from fractions need each task's train split size
-        raw = load_raw_tasks(settings, tasks)
+        raw = {**load_raw_tasks(settings, [t for t in tasks if t not in (raw or {})]), **(raw or {})}
         settings = dataclasses.replace(
             settings, train_split_sizes=tuple((task, len(data.train)) for task, data in raw.items()))
     specs = EXPERIMENTS[args.experiment].build(settings, num_layers, num_heads)
@@ -386,26 +525,32 @@ def main(argv: list[str] | None = None) -> int:
     folder = rows_dir(args.storage, name)
     done = finished_trial_ids(folder)
     todo = [s for s in specs if s.trial_id not in done]
-    grid_ids, table = {s.trial_id for s in specs}, None
+    planned, rerun_skips, table = [s.row() for s in specs], FINISHED, None
     if args.experiment == "lr-multipliers":  # a spec is a cell: a study of --num-samples trials
         from analysis.search import best_table
-        from sweep.search import trial_ids, unfinished_cells
+        from sweep.search import FINISHED as STUDY_FINISHED
+        from sweep.search import planned_rows, unfinished_cells
 
-        todo, grid_ids = unfinished_cells(specs, folder, args.num_samples), trial_ids(specs, args.num_samples)
-        table = best_table
+        todo, planned = unfinished_cells(specs, folder, args.num_samples), planned_rows(specs, args.num_samples)
+        rerun_skips, table = STUDY_FINISHED, best_table
+    record_plan(sweep_dir(args.storage, name), argv, args.experiment, planned, rerun_skips)
     print(f"{len(specs) - len(todo)} already done, {len(todo)} to run")
     if todo:
-        run(todo, settings, args, folder, raw)
-    return report(folder, grid_ids, table)
+        print(f"loading {settings.model}", flush=True)
+        try:
+            pretrained = buildable(settings.model)
+        except (OSError, ValueError) as err:
+            return refuse([f"--model: '{settings.model}' cannot be built: {err}"])
+        run(todo, settings, args, folder, pretrained, raw)
+    return report(folder, {row["trial_id"] for row in planned}, table)
 
 
-def run(todo: list[TrialSpec], settings: GridSettings, args, folder: Path, raw: dict | None = None) -> None:
+def run(todo: list[TrialSpec], settings: GridSettings, args, folder: Path, pretrained, raw: dict | None = None) -> None:
     import ray
-
-    from trainables.models import load_pretrained
 
     owns_ray = not ray.is_initialized()
     if owns_ray:
+        print(f"starting Ray ({'at ' + args.address if args.address else 'on this machine'})", flush=True)
         # Trials find tasks and weights in the object store, so workers need no path of the driver's.
         try:
             ray.init(address=args.address, include_dashboard=False, configure_logging=False,
@@ -417,17 +562,18 @@ def run(todo: list[TrialSpec], settings: GridSettings, args, folder: Path, raw: 
         if problems:
             raise SystemExit(cannot_start(problems))
         started = time.perf_counter()
+        tasks = ", ".join(sorted({task for spec in todo for task in spec.tasks}))
+        print(f"preparing {len(todo)} trials: loading and tokenizing {tasks}", flush=True)
         try:
             data = prepare_data(settings, todo, raw)
-            pretrained = {settings.model: load_pretrained(settings.model)}
-        except (OSError, ValueError) as err:  # a malformed file, a model that will not load
+        except (OSError, ValueError) as err:  # a malformed file
             raise SystemExit(f"cannot start the sweep: {err}") from err
-        print(f"data and weights ready in {time.perf_counter() - started:.1f}s; "
-              f"watch trials with `tensorboard --logdir {parent(folder)}`")
+        print(f"data and weights ready in {time.perf_counter() - started:.1f}s; trials start now\n"
+              f"TensorBoard (per-epoch curves of every trial): tensorboard --logdir {parent(folder)}", flush=True)
         EXPERIMENTS[args.experiment].run_function()(
             todo,
             data=data,
-            pretrained=pretrained,
+            pretrained={settings.model: pretrained},
             folder=folder,
             tune_dir=parent(folder),
             cpus_per_trial=args.cpus_per_trial,

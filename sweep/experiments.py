@@ -52,6 +52,7 @@ class GridSettings:
     probe_val_fraction: float = 0.1  # probing: share of each training subset held out for early stopping
     fractions: tuple[float, ...] = ()  # train sizes as fractions of each task's train split (see sizes_for)
     train_split_sizes: tuple[tuple[str, int], ...] = ()  # task -> train split size, for fractions
+    task_sources: tuple = ()  # the user's tasks (trainables.tasks.TaskSource), usable by name in `tasks`
 
     def trials_for(self, size: int) -> int:
         counts = dict(self.trials)
@@ -67,7 +68,13 @@ class GridSettings:
 
     def source_for(self, task: str) -> str:
         # The kind of source, not the folder, is part of a trial's identity: moving the data keeps ids.
+        if task in self.sources:
+            return "hub-dataset" if self.sources[task].is_hub else "file"
         return "synthetic" if task == "synthetic" else ("local" if self.data_dir else "hub")
+
+    @property
+    def sources(self) -> dict:
+        return {source.name: source for source in self.task_sources}
 
     def sizes_for(self, task: str) -> tuple[int, ...]:
         """The task's subset sizes: `sizes`, then each fraction of its train split (at least one example)."""
@@ -112,6 +119,8 @@ def trial(settings: GridSettings, experiment: str, task: str, size: int, trial_i
     fraction = settings.fraction_of(task, size)
     if fraction is not None:
         labels["train_fraction"] = fraction
+    if task in settings.sources:  # which columns were read is part of what the trial computes
+        labels.update(settings.sources[task].columns())
     return TrialSpec(
         experiment=experiment,
         task=task,

@@ -1,13 +1,13 @@
 """Running a list of trials on Ray Tune and landing each finished one as a Parquet row."""
 from __future__ import annotations
 
-import collections
 import datetime
 import platform
 import time
 from pathlib import Path
 
 from sweep.grid import TrialSpec
+from sweep.packs import group_into_packs, members, pack_resources, resolve_pack
 from sweep.store import filesystem, write_row
 
 # Seconds between two epoch-end checkpoints of a trial. A BERT-base checkpoint (weights and Adam moments,
@@ -34,8 +34,8 @@ def library_versions() -> dict:
 
 
 def make_row_writer(folder: Path | str, keep_checkpoints: bool = True):
-    """A Tune callback, run in the driver, that writes a trial's row the moment the trial ends, then (unless
-    `keep_checkpoints`) deletes the checkpoints of a finished (ok or diverged) trial."""
+    """A Tune callback, run in the driver, that writes a trial's row the moment the trial ends (a pack's: one
+    row per member), then (unless `keep_checkpoints`) deletes the checkpoints of a finished trial."""
     from ray.tune import Callback
 
     versions = library_versions()
@@ -45,16 +45,19 @@ def make_row_writer(folder: Path | str, keep_checkpoints: bool = True):
             self.written: list[str] = []
 
         def _write(self, trial, status: str | None, error: str | None) -> None:
-            result = result_fields(trial.last_result or {})
-            row = {**trial.config["trial"]["row"], **result, **versions, "host": platform.node()}
-            if status is not None:
-                row["status"] = status
-            row.setdefault("status", "error")
-            row["error"] = error
-            row["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-            write_row(folder, row)
-            self.written.append(row["trial_id"])
-            if row["status"] != "error" and not keep_checkpoints:
+            ended = []
+            for member, last_result in member_results(trial):
+                row = {**member["row"], **pack_columns(trial.config["trial"]), **result_fields(last_result),
+                       **versions, "host": platform.node()}
+                if status is not None:
+                    row["status"] = status
+                row.setdefault("status", "error")
+                row["error"] = error
+                row["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+                write_row(folder, row)
+                self.written.append(row["trial_id"])
+                ended.append(row["status"])
+            if "error" not in ended and not keep_checkpoints:
                 drop_checkpoints(trial)
 
         def on_trial_complete(self, iteration, trials, trial, **info):
@@ -66,6 +69,24 @@ def make_row_writer(folder: Path | str, keep_checkpoints: bool = True):
             self._write(trial, status="error", error=trial_error(trial))
 
     return ParquetRowWriter()
+
+
+def member_results(trial) -> list[tuple[dict, dict]]:
+    """(trial config, its last result) for each trial a Tune trial ran: itself, or a pack's members (those it
+    reported on; all of them when it failed before its first report)."""
+    last = trial.last_result or {}
+    if "pack" not in trial.config["trial"]:
+        return [(trial.config["trial"], last)]
+    by_id = {r["trial_id"]: r for r in last.get("pack_results", []) if r}
+    return [(m, by_id.get(m["trial_id"], {})) for m in members(trial.config["trial"])
+            if not by_id or m["trial_id"] in by_id]
+
+
+def pack_columns(trial: dict) -> dict:
+    """pack_size and pack_id of the rows a Tune trial writes (1 and none for a trial trained alone)."""
+    if "pack" not in trial:
+        return {"pack_size": 1, "pack_id": None}
+    return {"pack_size": len(trial["pack"]), "pack_id": trial["trial_id"]}
 
 
 def trial_error(trial) -> str:
@@ -98,52 +119,12 @@ RESULT_COLUMNS = {
     "status", "metric_name", "dev_metric", "dev_metrics_by_epoch", "train_loss", "lr_last", "resumed_from_epoch",
     "train_seconds", "eval_seconds", "wall_seconds", "model_flops", "mfu", "peak_flops", "peak_flops_source",
     "device", "torch_threads", "weight_distance", "dev_epochs", "epochs_run", "clipped_steps",
-    "intermediate_weight_distance",
+    "intermediate_weight_distance", "pack_size", "pack_id", "model_type", "label_names", "task_file",
 }  # fmt: skip
 
 
 def result_fields(last_result: dict) -> dict:
     return {k: v for k, v in last_result.items() if k in RESULT_COLUMNS or k.startswith("dev_")}
-
-
-def make_progress_printer(total: int):
-    """A Tune callback printing one line per ended trial: counts by state and an ETA from the pace so far."""
-    from ray.tune import Callback
-
-    class ProgressPrinter(Callback):
-        def __init__(self):
-            self.started = time.monotonic()
-            self.ended = collections.Counter()
-
-        def setup(self, **info):
-            self.started = time.monotonic()  # also when a resumed experiment brings this printer back
-            self.ended = collections.Counter()
-
-        def _line(self, trials, trial, status: str) -> None:
-            self.ended[status] += 1
-            # Trials a resumed experiment had already ended count as done; the ETA is this run's pace.
-            done = sum(t.status in ("TERMINATED", "ERROR") for t in trials) + 1  # + the trial ending now
-            running = sum(t.status == "RUNNING" for t in trials) - 1  # the trial ending is still RUNNING
-            elapsed = time.monotonic() - self.started
-            eta = elapsed / sum(self.ended.values()) * (total - done)
-            metric = (trial.last_result or {}).get("dev_metric")
-            shown = f"dev_metric={metric:.4f}" if isinstance(metric, float) else ""
-            print(
-                f"[{done}/{total}] ok {self.ended['ok']} · diverged {self.ended['diverged']} · "
-                f"failed {self.ended['error']} · running {max(running, 0)} · pending {total - done - max(running, 0)}"
-                f" · elapsed {elapsed / 60:.1f} min · eta {eta / 60:.1f} min | {trial.config['trial']['trial_id']} "
-                f"{status} {shown}",
-                flush=True,
-            )
-
-        def on_trial_complete(self, iteration, trials, trial, **info):
-            if "status" in (trial.last_result or {}):  # else: not this run's to train (see the row writer)
-                self._line(trials, trial, trial.last_result["status"])
-
-        def on_trial_error(self, iteration, trials, trial, **info):
-            self._line(trials, trial, "error")
-
-    return ProgressPrinter()
 
 
 def run_trials(
@@ -167,19 +148,28 @@ def run_trials(
     spec it did not hold (a widened grid) runs in a new experiment."""
     from ray import tune
 
+    import ray
+
+    from sweep.progress import ProgressView
+
     checkpoint_every = getattr(options, "checkpoint_every", CHECKPOINT_EVERY)
     keep_checkpoints = getattr(options, "keep_checkpoints", False)
     max_failures = getattr(options, "max_failures", 2)
-    trainable = make_trainable(data, pretrained, cpus_per_trial, gpus_per_trial, checkpoint_every,
+    resources = pack_resources(cpus_per_trial, gpus_per_trial, ray.cluster_resources().get("CPU", 1.0))
+    trainable = make_trainable(data, pretrained, resources, checkpoint_every,
                                run_only=frozenset(s.trial_id for s in specs))
     if getattr(options, "resume", False):
         specs = resume_experiment(tune_dir, trainable, specs)
         if not specs:
             return None, []
     writer = make_row_writer(folder, keep_checkpoints)
+    size = resolve_pack(getattr(options, "pack", 1), gpus_per_trial, max(map(parameter_count, pretrained.values())))
+    units = group_into_packs([spec.to_config() for spec in specs], size, pretrained)
+    if size > 1:
+        print(f"--pack {size}: {len(specs)} trials in {len(units)} Tune trials", flush=True)
     tuner = tune.Tuner(
         trainable,
-        param_space={"trial": tune.grid_search([spec.to_config() for spec in specs])},
+        param_space={"trial": tune.grid_search(units)},
         tune_config=tune.TuneConfig(
             reuse_actors=True,
             trial_name_creator=lambda t: t.config["trial"]["trial_id"],
@@ -189,7 +179,7 @@ def run_trials(
             # Microseconds: a resumed run and the new cells after it may start within the same second.
             name=datetime.datetime.now().strftime("tune-%Y%m%d-%H%M%S-%f"),
             storage_path=str(tune_dir),
-            callbacks=[writer, make_progress_printer(len(specs))],
+            callbacks=[writer, ProgressView({s.trial_id: s.train_size * s.epochs for s in specs})],
             checkpoint_config=tune.CheckpointConfig(num_to_keep=CHECKPOINTS_KEPT),
             # A failed or preempted trial goes on from its last checkpoint, up to this many times.
             failure_config=tune.FailureConfig(max_failures=max_failures),
@@ -199,7 +189,7 @@ def run_trials(
     return tuner.fit(), writer.written
 
 
-def make_trainable(data, pretrained, cpus_per_trial, gpus_per_trial, checkpoint_every, run_only):
+def make_trainable(data, pretrained, resources, checkpoint_every, run_only):
     from ray import tune
 
     from trainables.tune_trainable import finetune_trainable
@@ -207,8 +197,13 @@ def make_trainable(data, pretrained, cpus_per_trial, gpus_per_trial, checkpoint_
     return tune.with_resources(
         tune.with_parameters(finetune_trainable, data=data, pretrained=pretrained,
                              checkpoint_every=checkpoint_every, run_only=run_only),
-        {"cpu": cpus_per_trial, "gpu": gpus_per_trial},
+        resources,
     )
+
+
+def parameter_count(pretrained) -> int:
+    """Parameters of a pretrained encoder (its head is small beside it), for sizing --pack auto on GPUs."""
+    return sum(tensor.numel() for tensor in pretrained.state_dict.values())
 
 
 def latest_experiment(tune_dir: Path | str) -> str | None:
@@ -240,7 +235,7 @@ def resume_experiment(tune_dir: Path | str, trainable, specs: list[TrialSpec]) -
     print(f"--resume: continuing {experiment}: its unfinished trials go on from their last checkpoints",
           flush=True)
     restored = tune.Tuner.restore(experiment, trainable=trainable, resume_unfinished=True, resume_errored=True)
-    held = {result.config["trial"]["trial_id"] for result in restored.fit()}
+    held = {m["trial_id"] for result in restored.fit() for m in members(result.config["trial"])}
     rest = [spec for spec in specs if spec.trial_id not in held]
     if rest:
         print(f"--resume: {len(rest)} trials were not in that experiment; running them now", flush=True)

@@ -50,7 +50,7 @@ def trial_config(cell: dict, number: int, multipliers: list[float]) -> dict:
     """The config of the cell's n-th trial: the cell's own config with the multipliers and the held-out
     validation part set, under the trial's id."""
     config = copy.deepcopy(cell)
-    trial_id = f"{cell['trial_id']}-s{number}"
+    trial_id = sample_id(cell["trial_id"], number)
     config["trial_id"] = trial_id
     config["finetune"].update(layer_lr_multipliers=list(multipliers), val_size=cell["row"]["val_size"])
     config["row"].update(trial_id=trial_id, cell=cell["trial_id"], sample=number, multipliers=list(multipliers))
@@ -238,9 +238,16 @@ def run_searches(specs: list[TrialSpec], *, data: dict, pretrained: dict, folder
     ])
 
 
-def trial_ids(specs: list[TrialSpec], num_samples: int) -> set[str]:
-    """Every trial id the cells' studies make when they run to their budget."""
-    return {f"{spec.trial_id}-s{n}" for spec in specs for n in range(num_samples)}
+def sample_id(cell_id: str, number: int) -> str:
+    """The trial id of a cell's n-th trial (Optuna's trial number)."""
+    return f"{cell_id}-s{number}"
+
+
+def planned_rows(specs: list[TrialSpec], num_samples: int) -> list[dict]:
+    """The identity row of every trial the cells' studies make when they run to their budget (the
+    multipliers a trial will try are not known before it runs)."""
+    return [{**spec.row(), "trial_id": sample_id(spec.trial_id, n), "cell": spec.trial_id, "sample": n}
+            for spec in specs for n in range(num_samples)]
 
 
 def unfinished_cells(specs: list[TrialSpec], folder: Path | str, num_samples: int) -> list[TrialSpec]:

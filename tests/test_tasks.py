@@ -42,13 +42,13 @@ def write_task_file(root: Path, glue_dir: str, split_file: str, lines: list[str]
 
 
 def test_registry_covers_the_glue_tasks_and_synthetic():
-    assert set(TASKS) == {"sst2", "cola", "qnli", "rte", "mrpc", "stsb", "wnli", "synthetic"}
+    assert set(TASKS) == {"sst2", "cola", "qnli", "rte", "mrpc", "stsb", "wnli", "synthetic", "squad_v2"}
     assert [name for name, task in TASKS.items() if task.is_regression] == ["stsb"]
     assert get_task("qnli").text_fields == ("question", "sentence") and get_task("qnli").glue_dir == "QNLI"
     assert get_task("sst2").text_fields == ("sentence",) and get_task("synthetic").glue_dir is None
     assert {name: task.metric for name, task in TASKS.items()} == {
         "sst2": "accuracy", "cola": "matthews_correlation", "qnli": "accuracy", "rte": "accuracy",
-        "mrpc": "f1", "stsb": "pearson", "wnli": "accuracy", "synthetic": "accuracy",
+        "mrpc": "f1", "stsb": "pearson", "wnli": "accuracy", "synthetic": "accuracy", "squad_v2": "f1",
     }
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from trainables.models import layer_stack, pooler
+from trainables.models import family, layer_stack, pooler
 
 # What the paper intends (appendix B): N(0, 0.02) truncated to (-0.04, 0.04) for every non-LayerNorm
 # parameter, LayerNorm reset to the identity.
@@ -165,21 +165,19 @@ def _(ablation: Permute, model: nn.Module, seed: int) -> nn.Module:
     return model
 
 
-def attention_projections(layer: nn.Module) -> tuple[nn.Linear, nn.Linear, nn.Linear, nn.Linear]:
-    """(query, key, value, output) projections of a BERT-family layer (BERT/RoBERTa/ELECTRA or DistilBERT)."""
-    attention = getattr(layer, "attention", None)
-    inner = getattr(attention, "self", None)
-    if inner is not None and hasattr(inner, "query"):
-        return inner.query, inner.key, inner.value, attention.output.dense
-    if attention is not None and hasattr(attention, "q_lin"):
-        return attention.q_lin, attention.k_lin, attention.v_lin, attention.out_lin
-    raise ValueError(f"layer of type {type(layer).__name__} has no attention projections we recognise "
-                     "(attention.self.query/key/value + attention.output.dense, or q_lin/k_lin/v_lin/out_lin)")
+def attention_projections(model: nn.Module, layer: nn.Module) -> tuple[list[nn.Linear], nn.Linear]:
+    """(the projections whose output rows belong to heads, the attention output projection whose input
+    columns do) of one layer. DeBERTa's relative-position projections, when not shared with key and query,
+    belong to heads too."""
+    fam = family(model.config)
+    *inputs, output = (layer.get_submodule(path) for path in fam.attention)
+    attention = layer.get_submodule(fam.attention[0].rpartition(".")[0])
+    inputs += [getattr(attention, name) for name in ("pos_key_proj", "pos_query_proj") if hasattr(attention, name)]
+    return inputs, output
 
 
 def num_attention_heads(model: nn.Module) -> int:
-    return int(model.config.num_attention_heads if hasattr(model.config, "num_attention_heads")
-               else model.config.n_heads)
+    return int(model.config.num_attention_heads)
 
 
 @apply_ablation.register
@@ -190,14 +188,14 @@ def _(ablation: HeadReinit, model: nn.Module, seed: int) -> nn.Module:
         raise ValueError(f"head reinit layer {ablation.layer} is outside 1..{len(stack)} for this model")
     if not 0 <= ablation.head < heads:
         raise ValueError(f"head {ablation.head} is outside 0..{heads - 1} (this model has {heads} heads per layer)")
-    query, key, value, output = attention_projections(stack[ablation.layer - 1])
-    width = query.out_features // heads
+    inputs, output = attention_projections(model, stack[ablation.layer - 1])
+    width = output.in_features // heads
     rows = slice(ablation.head * width, (ablation.head + 1) * width)
     bound = INIT_BOUND if ablation.mode == "intended" else INIT_BOUND * INIT_STD
     generator = layer_generator(seed, 1000 * ablation.layer + ablation.head)
     draw = lambda t: nn.init.trunc_normal_(t, mean=0.0, std=INIT_STD, a=-bound, b=bound, generator=generator)  # noqa: E731
     with torch.no_grad():
-        for linear in (query, key, value):
+        for linear in inputs:
             fresh = draw(torch.empty_like(linear.weight[rows]))
             linear.weight[rows] = fresh
             if ablation.mode == "intended" and linear.bias is not None:

@@ -1,15 +1,22 @@
 """Tokenized task data, training subsets and padded batches.
 
 A task is tokenized once per (task, tokenizer, max length), in the sweep's driver, into flat arrays that Ray
-ships to every trial through its object store; no trial tokenizes. Sequences stay unpadded: each batch is
+ships to every trial through its object store; no trial tokenizes. The sweep keeps the tokenized splits in
+`datasets`' cache, keyed on the data's content, the tokenizer and the max length, so a second sweep on the
+same task does not tokenize again. Sequences stay unpadded: each batch is
 padded only to its own longest sequence, which on GLUE's short sentences is most of the compute saved.
 """
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import numpy as np
 import torch
+from datasets.fingerprint import Hasher
+
+from trainables.tasks import Task, get_task
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,32 +44,68 @@ class TokenizedTask:
     max_length: int
     train: TokenizedSplit
     validation: TokenizedSplit
+    # How to score it: compute_metrics takes this, not the name (a user's task is known to the driver only).
+    # None: the built-in task of that name.
+    definition: Task | None = None
+
+    def __post_init__(self):
+        if self.definition is None:
+            object.__setattr__(self, "definition", get_task(self.task))
+
+    def columns(self) -> dict:
+        """What a trial's row records of the task beside its identity: the label mapping and the user's file."""
+        columns = {"label_names": list(self.definition.label_names)} if self.definition.label_names else {}
+        if self.source.startswith(("file:", "hub:")):
+            columns["task_file"] = self.source.removeprefix("file:")
+        return columns
 
 
-def tokenize_split(dataset, tokenizer, max_length: int) -> TokenizedSplit:
+# Part of every cache key: bump it when what a cached file holds changes.
+TOKENIZED_FORMAT = 1
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """A hash of what the tokenizer does (its class, vocabulary, normalizer, pre- and post-processing), not of
+    its object: the truncation and padding state it keeps from its last call are left out."""
+    state = json.loads(tokenizer.backend_tokenizer.to_str())
+    for volatile in ("truncation", "padding"):
+        state.pop(volatile, None)
+    return Hasher.hash([type(tokenizer).__name__, state])
+
+
+def tokenize_split(dataset, tokenizer, max_length: int, cache_dir: str | Path | None = None) -> TokenizedSplit:
+    """Tokenize a split with `datasets.Dataset.map`. With `cache_dir`, the result is an Arrow file there named
+    by the hash of the split's content, the tokenizer and the max length: a later sweep on the same data
+    reads it back instead of tokenizing again."""
     pair = "text_b" in dataset.column_names
-    encoded = tokenizer(
-        list(dataset["text_a"]),
-        list(dataset["text_b"]) if pair else None,
-        truncation=True,
-        max_length=max_length,
-        return_token_type_ids=True,
-        return_attention_mask=False,
-    )
-    ids = encoded["input_ids"]
-    lengths = np.fromiter((len(s) for s in ids), dtype=np.int64, count=len(ids))
-    offsets = np.concatenate([[0], np.cumsum(lengths)])
-    flat = lambda rows, dtype: np.fromiter((t for s in rows for t in s), dtype=dtype, count=int(offsets[-1]))  # noqa: E731
-    labels = np.asarray(dataset["label"])
+
+    def encode(batch: dict) -> dict:
+        encoded = tokenizer(batch["text_a"], batch["text_b"] if pair else None, truncation=True,
+                            max_length=max_length, return_token_type_ids=True, return_attention_mask=False)
+        return {"input_ids": encoded["input_ids"], "token_type_ids": encoded["token_type_ids"]}
+
+    key = Hasher.hash([TOKENIZED_FORMAT, dataset.data.table, tokenizer_fingerprint(tokenizer), max_length])
+    cache_file = str(Path(cache_dir) / f"tokenized-{key}.arrow") if cache_dir is not None else None
+    if cache_dir is not None:
+        Path(cache_dir).mkdir(parents=True, exist_ok=True)
+    encoded = dataset.map(encode, batched=True, batch_size=10_000, remove_columns=[c for c in dataset.column_names
+                                                                                   if c != "label"],
+                          new_fingerprint=key, cache_file_name=cache_file, keep_in_memory=cache_file is None,
+                          load_from_cache_file=cache_file is not None)
+    table = encoded.data.table
+    ids, types = (table.column(name).combine_chunks() for name in ("input_ids", "token_type_ids"))
+    offsets = ids.offsets.to_numpy().astype(np.int64)
+    labels = table.column("label").to_numpy()
     return TokenizedSplit(
-        input_ids=flat(ids, np.int32),
-        token_type_ids=flat(encoded["token_type_ids"], np.int8),
-        offsets=offsets,
+        input_ids=ids.flatten().to_numpy().astype(np.int32),
+        token_type_ids=types.flatten().to_numpy().astype(np.int8),
+        offsets=offsets - offsets[0],
         labels=labels.astype(np.float32 if labels.dtype.kind == "f" else np.int64),
     )
 
 
-def tokenize_task(task_data, tokenizer, tokenizer_name: str, max_length: int) -> TokenizedTask:
+def tokenize_task(task_data, tokenizer, tokenizer_name: str, max_length: int,
+                  cache_dir: str | Path | None = None) -> TokenizedTask:
     task = task_data.task
     return TokenizedTask(
         task=task.name,
@@ -71,8 +114,9 @@ def tokenize_task(task_data, tokenizer, tokenizer_name: str, max_length: int) ->
         source=task_data.source,
         tokenizer=tokenizer_name,
         max_length=max_length,
-        train=tokenize_split(task_data.train, tokenizer, max_length),
-        validation=tokenize_split(task_data.validation, tokenizer, max_length),
+        train=tokenize_split(task_data.train, tokenizer, max_length, cache_dir),
+        validation=tokenize_split(task_data.validation, tokenizer, max_length, cache_dir),
+        definition=task,
     )
 
 

@@ -24,6 +24,8 @@ from trainables.cost import cost_fields, non_embedding_params, peak_flops, seque
 from trainables.data import TokenizedSplit, TokenizedTask, collate, draw_subset, eval_batches, train_batches
 from trainables.metrics import compute_metrics
 from trainables.models import Pretrained, build_classifier, layer_stack, pooler
+from trainables.qa import QASplit, build_span_model, evaluate_qa, example_count, example_rows, select_questions
+from trainables.tasks import Task
 
 LR_SCHEDULES = ("linear", "constant")
 PRECISIONS = ("fp32", "bf16")
@@ -205,7 +207,22 @@ class Compute:
             torch.cuda.synchronize()
 
 
-def evaluate(model, split, metric_task: str, batch_size: int, compute: Compute) -> dict:
+def build_model(pretrained: Pretrained, data: TokenizedTask, seed: int) -> torch.nn.Module:
+    """The task's model around the pretrained encoder: a span model for question answering, else a sequence
+    classifier; its head drawn from `seed`."""
+    if isinstance(data.train, QASplit):
+        return build_span_model(pretrained, seed)
+    return build_classifier(pretrained, data.num_labels, seed)
+
+
+def draw_rows(split: TokenizedSplit, train_size: int, subset_seed: int) -> np.ndarray:
+    """The rows a subset of `train_size` examples trains on (for question answering: questions, all their windows)."""
+    return example_rows(split, draw_subset(example_count(split), train_size, subset_seed))
+
+
+def evaluate(model, split, metric_task: Task, batch_size: int, compute: Compute) -> dict:
+    if isinstance(split, QASplit):
+        return evaluate_qa(model, split, batch_size, compute)
     model.eval()
     preds = []
     batches = eval_batches(split, batch_size)
@@ -310,11 +327,11 @@ def finetune_intermediate(model, cfg: FinetuneConfig, intermediate: TokenizedTas
     Returns (FLOPs, seconds, the per-layer weight change of this phase)."""
     if intermediate is None or intermediate.task != cfg.intermediate_task:
         raise ValueError(f"intermediate_task '{cfg.intermediate_task}' needs its tokenized data")
-    first = build_classifier(pretrained, intermediate.num_labels, cfg.seed)
+    first = build_model(pretrained, intermediate, cfg.seed)
     first.base_model.load_state_dict(model.base_model.state_dict())
     first.to(compute.device)
     start = layer_weights(first)
-    rows = draw_subset(len(intermediate.train), cfg.train_size, cfg.subset_seed)
+    rows = draw_rows(intermediate.train, cfg.train_size, cfg.subset_seed)
     optimizer, scheduler = make_optimizer(first, cfg, rows)
     rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 2]))
     torch.manual_seed(cfg.seed)
@@ -341,7 +358,7 @@ def finetune(
     (`training_state`) from which `resume=` continues the run exactly as if it had never stopped."""
     started = time.perf_counter()
     torch.set_num_threads(max(1, cfg.threads))
-    model = build_classifier(pretrained, data.num_labels, cfg.seed)
+    model = build_model(pretrained, data, cfg.seed)
     apply_ablation(cfg.ablation, model, cfg.seed)
     compute = Compute(pick_device(cfg.gpu_fraction), cfg.precision, int(pretrained.config.pad_token_id or 0),
                       (non_embedding_params(model), len(layer_stack(model)), int(pretrained.config.hidden_size)))
@@ -353,10 +370,12 @@ def finetune(
     model.to(compute.device)
     start_weights = layer_weights(model)  # weight change is measured from here: the final task's start
 
-    rows = draw_subset(len(data.train), cfg.train_size, cfg.subset_seed)
-    rows, held = hold_out(rows, cfg.val_size, cfg.subset_seed)
+    examples = draw_subset(example_count(data.train), cfg.train_size, cfg.subset_seed)
+    examples, held = hold_out(examples, cfg.val_size, cfg.subset_seed)
     # The search's objective reads this part of the training split alone: never data.validation.
-    held_split = select_rows(data.train, held) if len(held) else None
+    select = select_questions if isinstance(data.train, QASplit) else select_rows
+    held_split = select(data.train, held) if len(held) else None
+    rows = example_rows(data.train, examples)
     val_by_epoch: list[float] = []
     rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 1]))  # batch order, independent of the subset
     optimizer, scheduler = make_optimizer(model, cfg, rows)
@@ -389,13 +408,13 @@ def finetune(
         metrics = {}
         tick = time.perf_counter()
         if status == "ok" and evaluated_at(epoch, cfg):
-            metrics = evaluate(model, data.validation, data.task, cfg.eval_batch_size, compute)
+            metrics = evaluate(model, data.validation, data.definition, cfg.eval_batch_size, compute)
             flops += compute.flops(data.validation.lengths, train=False)
         if metrics:
             by_epoch.append(float(metrics[data.metric]))
             dev_epochs.append(epoch)
         if held_split is not None:  # the search's objective: every epoch, for ASHA (which needs it in every report)
-            val = evaluate(model, held_split, data.task, cfg.eval_batch_size, compute)
+            val = evaluate(model, held_split, data.definition, cfg.eval_batch_size, compute)
             flops += compute.flops(held_split.lengths, train=False)
             val_by_epoch.append(float(val[data.metric]))
         eval_seconds += time.perf_counter() - tick
@@ -408,6 +427,8 @@ def finetune(
             "train_loss": stats.loss,
             "lr_last": float(scheduler.get_last_lr()[0]),
             "metric_name": data.metric,
+            "model_type": pretrained.model_type,
+            **data.columns(),
             **({"dev_metric": by_epoch[-1]} if metrics else {}),
             "dev_metrics_by_epoch": list(by_epoch),
             "dev_epochs": list(dev_epochs),

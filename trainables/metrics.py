@@ -1,4 +1,4 @@
-"""GLUE metrics from predictions and gold labels.
+"""Task metrics (GLUE's, and macro-F1 for the user's classification tasks) from predictions and gold labels.
 
 Classification tasks take predicted class ids (argmax of the logits), regression (stsb) takes the predicted
 scores. Undefined values (a correlation with a constant side) are reported as 0.0, "no measurable
@@ -12,7 +12,7 @@ import numpy as np
 import scipy.stats
 from scipy.stats.contingency import crosstab
 
-from trainables.tasks import Task, get_task
+from trainables.tasks import SQUAD_V2, Task, get_task
 
 # The metrics reported for each task; a Task not listed here gets its headline metric alone.
 TASK_METRICS: dict[str, tuple[str, ...]] = {
@@ -33,8 +33,11 @@ def headline_metric(task: Task | str) -> str:
 
 def compute_metrics(task: Task | str, predictions, labels) -> dict[str, float]:
     task = as_task(task)
+    if task.name == SQUAD_V2:  # answers are texts, not class ids
+        raise ValueError(f"task '{SQUAD_V2}' is scored on answer texts by trainables.qa.squad_metrics, not on class ids")
     predictions, labels = check_inputs(task, predictions, labels)
-    return {name: float(METRICS[name](predictions, labels)) for name in TASK_METRICS.get(task.name, (task.metric,))}
+    names = task.metrics or TASK_METRICS.get(task.name, (task.metric,))
+    return {name: float(METRICS[name](predictions, labels)) for name in names}
 
 
 def as_task(task: Task | str) -> Task:
@@ -91,6 +94,11 @@ def f1(predictions: np.ndarray, labels: np.ndarray, positive: int = 1) -> float:
     return 2 * true_positive / (predicted + actual) if predicted + actual > 0 else 0.0
 
 
+def macro_f1(predictions: np.ndarray, labels: np.ndarray) -> float:
+    """The unweighted mean of each class's F1, over the classes in either labels or predictions."""
+    return float(np.mean([f1(predictions, labels, positive=c) for c in np.union1d(predictions, labels)]))
+
+
 def correlation(statistic):
     def compute(predictions: np.ndarray, labels: np.ndarray) -> float:
         if np.all(predictions == predictions[0]) or np.all(labels == labels[0]):
@@ -105,6 +113,7 @@ METRICS = {
     "accuracy": accuracy,
     "matthews_correlation": matthews_correlation,
     "f1": f1,
+    "macro_f1": macro_f1,
     "pearson": correlation(scipy.stats.pearsonr),
     "spearman": correlation(scipy.stats.spearmanr),
 }

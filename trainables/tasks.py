@@ -1,5 +1,6 @@
-"""GLUE tasks and where their raw text comes from: the Hugging Face hub, a local GLUE download, or the
-built-in synthetic task.
+"""Tasks and where their raw text comes from: GLUE (the Hugging Face hub or a local GLUE download), the
+built-in synthetic task, or the user's own (`TaskSource`: a folder holding a train and a dev file, or any
+hub dataset, with the text and label columns named).
 
 Whatever the source, a task's splits come out alike: `text_a` (and `text_b` for sentence pairs) and `label`,
 with the label ids of the hub's `nyu-mll/glue` datasets, so that results from a local GLUE folder and from the
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import json
+import math
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -18,6 +21,7 @@ from trainables.synthetic import make_synthetic
 
 HUB_DATASET = "nyu-mll/glue"
 SYNTHETIC = "synthetic"
+SQUAD_V2 = "squad_v2"  # question answering: trainables.qa
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,6 +31,8 @@ class Task:
     num_labels: int  # 1 for regression
     metric: str  # the headline metric, a key of trainables.metrics.compute_metrics' result
     glue_dir: str | None  # the task's folder in a GLUE download; None when it has none
+    metrics: tuple[str, ...] = ()  # every metric reported; () for GLUE's (trainables.metrics.TASK_METRICS)
+    label_names: tuple[str, ...] = ()  # a user's task: class id i is label_names[i]; () for GLUE and regression
 
     @property
     def is_regression(self) -> bool:
@@ -48,6 +54,7 @@ TASKS: dict[str, Task] = {
         Task("stsb", ("sentence1", "sentence2"), 1, "pearson", "STS-B"),
         Task("wnli", ("sentence1", "sentence2"), 2, "accuracy", "WNLI"),
         Task(SYNTHETIC, ("text_a", "text_b"), 2, "accuracy", None),
+        Task(SQUAD_V2, ("question", "context"), 2, "f1", None),  # 2 "labels": a start and an end per token
     )
 }
 
@@ -68,13 +75,20 @@ class TaskData:
     source: str  # "hub", "local:<absolute data_dir>" or "synthetic"
 
 
-def load_task(name: str, data_dir: str | None = None, *, synthetic_seed: int = 0) -> TaskData:
-    """A task's train and validation splits: the synthetic task if asked for, else the GLUE files under
-    `data_dir` when given, else the hub."""
+def load_task(name: str, data_dir: str | None = None, *, synthetic_seed: int = 0,
+              sources: Mapping[str, "TaskSource"] | None = None) -> TaskData:
+    """A task's train and validation splits: the user's task if `sources` defines `name`, else the synthetic
+    task if asked for, else the GLUE files under `data_dir` when given, else the hub."""
+    if sources and name in sources:
+        return load_task_source(sources[name])
     task = get_task(name)
     if task.name == SYNTHETIC:
         train, validation = make_synthetic(seed=synthetic_seed)
         return TaskData(task, train, validation, "synthetic")
+    if task.name == SQUAD_V2:
+        from trainables.qa import load_squad  # qa builds on this module
+
+        return load_squad(data_dir)
     if data_dir is not None:
         root = Path(data_dir).resolve()
         train, validation = (read_glue_split(task, root, split) for split in ("train", "validation"))
@@ -195,3 +209,214 @@ def parse_label(text: str, label_ids: Mapping[str, int] | None, path: Path, line
     if value not in label_ids:
         raise ValueError(f"{path}, line {line}: label '{value}' is not one of {', '.join(label_ids)}")
     return label_ids[value]
+
+
+# --- the user's own task: a folder of files, or any hub dataset -----------------------------------------
+
+DATA_SUFFIXES = {".csv": ",", ".tsv": "\t", ".jsonl": None, ".parquet": None}
+CLASS_METRICS = ("accuracy", "macro_f1", "f1", "matthews_correlation")
+REGRESSION_METRICS = ("pearson", "spearman")
+HUB_PREFIX = "hub:"
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSource:
+    """A task the user defines (`--task-file NAME=DIR` or `NAME=hub:DATASET[:CONFIG]`). Its label column
+    holds class names (strings or integers) or, for regression, numbers; which one is read from the metric
+    when given, else from the labels (a number with a fraction makes it regression).
+
+    Another kind of task (question answering, say) would be another source value with its own loader,
+    dispatched in `load_task` like this one; every loader returns a TaskData whose Task says how to score it."""
+
+    name: str
+    location: str  # a folder (absolute), or "hub:DATASET" / "hub:DATASET:CONFIG"
+    text_columns: tuple[str, ...]  # one text, or a pair
+    label_column: str
+    splits: tuple[str, str] | None = None  # (train, dev): file stems or hub split names; None: the defaults
+    metric: str | None = None  # the headline metric; None: accuracy for classes, pearson for regression
+
+    @property
+    def is_hub(self) -> bool:
+        return self.location.startswith(HUB_PREFIX)
+
+    @property
+    def split_names(self) -> tuple[str, str]:
+        return self.splits or (("train", "validation") if self.is_hub else ("train", "dev"))
+
+    def columns(self) -> dict:
+        """What a trial's row (and identity) records of the task's definition."""
+        return {"text_columns": list(self.text_columns), "label_column": self.label_column}
+
+
+def load_task_source(source: TaskSource) -> TaskData:
+    """The user's task, checked whole before any work: every problem is one line naming the file (and line)."""
+    train_name, dev_name = source.split_names
+    train, dev = (read_records(source, split) for split in (train_name, dev_name))
+    regression = is_regression(source, train)
+    label_names = () if regression else class_names(source, train)
+    metric = source.metric or ("pearson" if regression else "accuracy")
+    if metric == "f1" and len(label_names) != 2:
+        raise ValueError(f"--metric f1 scores the second of two classes; task '{source.name}' has "
+                         f"{len(label_names)} ({', '.join(label_names)}); use macro_f1")
+    reported = REGRESSION_METRICS if regression else ("accuracy", "macro_f1")
+    task = Task(source.name, source.text_columns, 1 if regression else len(label_names), metric, None,
+                metrics=tuple(dict.fromkeys([metric, *reported])), label_names=label_names)
+    train_set, dev_set = (task_split(source, task, records) for records in (train, dev))
+    return TaskData(task, train_set, dev_set, source.location if source.is_hub else f"file:{source.location}")
+
+
+Records = list[tuple[str, dict]]  # (where: "FILE, line N", the example's columns)
+
+
+def task_split(source: TaskSource, task: Task, records: Records) -> datasets.Dataset:
+    """Records as a split of the common schema: text_a (text_b), label (a class id, or a float)."""
+    texts = [[text_value(where, record, column) for where, record in records] for column in source.text_columns]
+    labels = [label_value(source, where, record[source.label_column], task.is_regression, task.label_names)
+              for where, record in records]
+    return datasets.Dataset.from_dict({**dict(zip(("text_a", "text_b"), texts)), "label": labels},
+                                      features=split_features(task))
+
+
+def read_records(source: TaskSource, split: str) -> Records:
+    if source.is_hub:
+        records = read_hub_split(source, split)
+        where = f"{source.location} split '{split}'"
+    else:
+        path = split_file(source, split)
+        records = read_file(path)
+        where = str(path)
+    if not records:
+        raise ValueError(f"{where}: holds no examples")
+    have = records[0][1].keys()
+    for column in (*source.text_columns, source.label_column):
+        if column not in have:
+            option = "--label-column" if column == source.label_column else "--text-columns"
+            raise ValueError(f"{where}: {option} '{column}' is not one of its columns ({', '.join(map(str, have))})")
+    for place, record in records:
+        if record.get(source.label_column) in (None, ""):
+            raise ValueError(f"{place}: no label in column '{source.label_column}'")
+    return records
+
+
+def split_file(source: TaskSource, split: str) -> Path:
+    folder = Path(source.location)
+    found = [folder / f"{split}{suffix}" for suffix in DATA_SUFFIXES if (folder / f"{split}{suffix}").is_file()]
+    if len(found) != 1:
+        names = ", ".join(f"{split}{suffix}" for suffix in DATA_SUFFIXES)
+        problem = "has no" if not found else f"has {len(found)} files for the"
+        raise ValueError(f"--task-file {source.name}: {folder} {problem} {split} split; expected one of {names}")
+    return found[0]
+
+
+def read_file(path: Path) -> Records:
+    if path.suffix == ".parquet":
+        import pyarrow.parquet
+
+        try:
+            rows = pyarrow.parquet.read_table(path).to_pylist()
+        except Exception as err:  # pyarrow raises ArrowInvalid, OSError, ... for a damaged file
+            raise ValueError(f"{path}: not a readable Parquet file ({err})") from None
+        return [(f"{path}, row {i}", row) for i, row in enumerate(rows, start=1)]
+    if path.suffix == ".jsonl":
+        return read_json_lines(path)
+    return read_delimited(path, DATA_SUFFIXES[path.suffix])
+
+
+def read_json_lines(path: Path) -> Records:
+    records = []
+    with open(path, encoding="utf-8-sig") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}, line {number}: not valid JSON ({err.msg}, column {err.colno})") from None
+            if not isinstance(record, dict):
+                raise ValueError(f"{path}, line {number}: a JSON object per line is expected, got {type(record).__name__}")
+            records.append((f"{path}, line {number}", record))
+    return records
+
+
+def read_delimited(path: Path, delimiter: str) -> Records:
+    records = []
+    with open(path, encoding="utf-8-sig", newline="") as handle:
+        reader = csv.reader(handle, delimiter=delimiter)
+        try:
+            header = next(reader, None)
+            for fields in reader:
+                if not fields:
+                    continue
+                if len(fields) != len(header):
+                    raise ValueError(f"{path}, line {reader.line_num}: {len(fields)} fields; the header has "
+                                     f"{len(header)} ({', '.join(header)})")
+                records.append((f"{path}, line {reader.line_num}", dict(zip(header, fields))))
+        except csv.Error as err:
+            raise ValueError(f"{path}, line {reader.line_num}: does not parse ({err})") from None
+    if header is None:
+        raise ValueError(f"{path}: the file is empty; expected a header line, then one example per line")
+    return records
+
+
+def read_hub_split(source: TaskSource, split: str) -> Records:
+    dataset, _, config = source.location[len(HUB_PREFIX):].partition(":")
+    loaded = datasets.load_dataset(dataset, config or None, split=split)
+    return [(f"{source.location} split '{split}', row {i}", row) for i, row in enumerate(loaded.to_list(), start=1)]
+
+
+def text_value(where: str, record: dict, column: str) -> str:
+    value = record.get(column)
+    if not isinstance(value, str):
+        raise ValueError(f"{where}: text column '{column}' holds {value!r}, not text")
+    return value
+
+
+def as_number(value) -> float | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    try:
+        return float(str(value).strip())
+    except ValueError:
+        return None
+
+
+def is_regression(source: TaskSource, train: Records) -> bool:
+    """Regression when the metric says so, or (no metric) when a train label is a number with a fraction."""
+    if source.metric is not None:
+        return source.metric in REGRESSION_METRICS
+    numbers = (as_number(record[source.label_column]) for _, record in train)
+    return any(n is not None and math.isfinite(n) and not n.is_integer() for n in numbers)
+
+
+def class_name(value) -> str:
+    """A label's class name: integers (also written 1.0 or "1") by their digits, strings stripped."""
+    number = as_number(value)
+    if number is not None and math.isfinite(number) and number.is_integer():
+        return str(int(number))
+    return str(value).strip()
+
+
+def class_names(source: TaskSource, train: Records) -> tuple[str, ...]:
+    """The train split's classes, in a stable order: numerically when all are integers, else by name."""
+    names = {class_name(record[source.label_column]) for _, record in train}
+    if len(names) < 2:
+        raise ValueError(f"--label-column '{source.label_column}': the {source.split_names[0]} split of task "
+                         f"'{source.name}' has one class ({', '.join(names)}); classification needs two or more")
+    numeric = all(n.lstrip("-").isdigit() for n in names)
+    return tuple(sorted(names, key=int if numeric else str))
+
+
+def label_value(source: TaskSource, where: str, value, regression: bool, names: tuple[str, ...]) -> float | int:
+    if regression:
+        number = as_number(value)
+        if number is None or not math.isfinite(number):
+            raise ValueError(f"{where}: label {value!r} in column '{source.label_column}' is not a number, and task "
+                             f"'{source.name}' is a regression task (--metric {source.metric or 'by its labels'})")
+        return number
+    name = class_name(value)
+    if name not in names:
+        raise ValueError(f"{where}: label '{name}' never occurs in the {source.split_names[0]} split; "
+                         f"its labels are {', '.join(names)}")
+    return names.index(name)

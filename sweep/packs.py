@@ -1,0 +1,122 @@
+"""Fused packs in a sweep (--pack): which trials train together as one Tune trial, and with what resources.
+
+A pack is one Tune trial whose config holds its members' trial configs; it trains them as one computation
+(trainables.fused.finetune_pack) and its rows land one per member, with the member's own trial_id, when the
+pack ends. Trials that cannot be fused (sequential finetuning, a held-out search objective, a model without
+BERT's layout) stay single trials, run by `finetune` as with --pack 1.
+"""
+from __future__ import annotations
+
+import hashlib
+
+# --pack auto on CPUs: unfused. On this project's 2-core CPU a fused pack trained at the unfused loop's cost
+# per trial (docs/benchmarks.md, "Fused packs"): with one or two cores the matmuls of one trial already keep
+# them busy, so batching trials saves nothing while a pack's trials finish together instead of one by one.
+AUTO_PACK_CPU = 1
+# --pack auto on GPUs: as many trials as fit in this share of the card's memory, at most AUTO_PACK_MAX.
+# A trial holds 4 bytes a parameter for each of its weights, gradients and two Adam moments, 4 more for the
+# copy its weight change is measured from; activations at batch 8 and <=128 tokens are small beside that.
+GPU_MEMORY_SHARE = 0.8
+BYTES_PER_PARAMETER = 20
+AUTO_PACK_MAX = 64
+
+
+def parse_pack(value: str) -> int | str:
+    """--pack: a whole number >= 1, or 'auto'."""
+    import argparse
+
+    if value == "auto":
+        return value
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"'{value}' is neither a whole number of trials >= 1 nor 'auto'")
+    return int(value)
+
+
+def memory_sized_pack(gpu_memory_bytes: int, parameters: int) -> int:
+    """The most trials of `parameters` each that fit in GPU_MEMORY_SHARE of the card (1..AUTO_PACK_MAX)."""
+    fits = int(GPU_MEMORY_SHARE * gpu_memory_bytes // (BYTES_PER_PARAMETER * parameters))
+    return max(1, min(AUTO_PACK_MAX, fits))
+
+
+def resolve_pack(pack: int | str, gpus_per_trial: float, parameters: int) -> int:
+    """The pack size a sweep uses: --pack N as given; auto: AUTO_PACK_CPU on CPUs, memory-sized on GPUs."""
+    if pack != "auto":
+        return int(pack)
+    if gpus_per_trial == 0:
+        return AUTO_PACK_CPU
+    return memory_sized_pack(gpu_memory(gpus_per_trial), parameters)
+
+
+def gpu_memory(gpus_per_trial: float) -> int:
+    """Total memory of a GPU the cluster would give a trial (asked of a Ray task on one: the driver may have none)."""
+    import ray
+
+    @ray.remote(num_gpus=min(gpus_per_trial, 1.0))
+    def total_memory() -> int:
+        import torch
+
+        return int(torch.cuda.get_device_properties(0).total_memory)
+
+    return ray.get(total_memory.remote())
+
+
+def fusable(trial: dict, pretrained) -> bool:
+    """Whether a trial config (TrialSpec.to_config) can join a pack."""
+    from trainables.fused import unfused_reason
+    from trainables.tune_trainable import finetune_config
+
+    return unfused_reason(finetune_config(trial, gpu_fraction=0.0, threads=1), pretrained) is None
+
+
+def pack_key(trial: dict) -> tuple:
+    """Trials with equal keys train in lock step: same model, data and shape of training."""
+    from trainables.fused import pack_key as shape_key
+    from trainables.tune_trainable import finetune_config
+
+    return trial["model_key"], trial["data_key"], shape_key(finetune_config(trial, gpu_fraction=0.0, threads=1))
+
+
+def pack_config(members: list[dict]) -> dict:
+    """The Tune config of a pack: its members, and an id of its own (it names the Tune trial and is each
+    member row's pack_id), fixed by its members so a resumed sweep names it the same."""
+    digest = hashlib.sha256(" ".join(m["trial_id"] for m in members).encode()).hexdigest()[:10]
+    first = members[0]["row"]
+    return {"trial_id": f"pack-{first['experiment']}-{first['task']}-n{first['train_size']}-{digest}",
+            "model_key": members[0]["model_key"], "data_key": members[0]["data_key"], "pack": members}
+
+
+def group_into_packs(trials: list[dict], size: int, pretrained: dict) -> list[dict]:
+    """Tune configs for `trials`: packs of up to `size` trials of equal pack_key, in the order the trials
+    come; a trial that cannot be fused, or alone (size 1), stays as it is."""
+    if size == 1:
+        return list(trials)
+    units, groups = [], {}
+    for trial in trials:
+        if not fusable(trial, pretrained[trial["model_key"]]):
+            units.append(trial)
+        else:
+            groups.setdefault(pack_key(trial), []).append(trial)
+    for members in groups.values():
+        for start in range(0, len(members), size):
+            chunk = members[start:start + size]
+            units.append(pack_config(chunk) if len(chunk) > 1 else chunk[0])
+    return units
+
+
+def members(trial: dict) -> list[dict]:
+    """The trial configs a Tune trial's config stands for: a pack's members, or itself."""
+    return trial.get("pack", [trial])
+
+
+def pack_resources(cpus_per_trial: float, gpus_per_trial: float, max_cpus: float):
+    """Tune's resources for a config: a pack gets its members' CPUs (at most the cluster's) and GPU shares
+    (at most one card, or the whole GPUs one trial asks for)."""
+    from ray import tune
+
+    def resources(config: dict):
+        n = len(members(config["trial"]))
+        gpus = min(gpus_per_trial * n, max(1.0, gpus_per_trial)) if gpus_per_trial else 0.0
+        return tune.PlacementGroupFactory([{"CPU": min(cpus_per_trial * n, max(max_cpus, cpus_per_trial)),
+                                            "GPU": gpus}])
+
+    return resources

@@ -1,0 +1,178 @@
+"""What a person watching a sweep sees while its trials run, as a Ray Tune callback in the driver.
+
+On a terminal: one line, redrawn in place every second, with trials done / running / pending, the running
+trials' epochs, the time so far and an ETA; each trial that ends leaves a line above it. In a log (or under
+`ray job logs`, where a line redrawn in place would pile up): the same status as plain lines, one per ended
+trial and one every `interval` seconds in between.
+
+The ETA counts work, not trials: a trial's work is its subset size times its epochs, and every reported
+epoch counts, so the ETA is there from the first epochs on, long before the first trial ends, and a grid
+of mixed subset sizes does not read small trials' pace as large ones'.
+"""
+from __future__ import annotations
+
+import collections
+import math
+import shutil
+import sys
+import time
+
+from ray.tune import Callback
+
+ENDED_BEFORE = ("TERMINATED", "ERROR")  # Tune's states of trials a restored experiment had already ended
+SHOWN_RUNNING = 3  # running trials named on the line; the rest are counted
+
+
+def short_name(trial_id: str) -> str:
+    """A trial_id without its experiment and digest: `incremental-sst2-n500-k3-t0-1a2b3c4d5e` -> `sst2-n500-k3-t0`."""
+    return trial_id.split("-", 1)[-1].rsplit("-", 1)[0]
+
+
+def minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min"
+
+
+class ProgressView(Callback):
+    """`work`: trial_id -> subset size x epochs of every trial this run may train. `interval`: seconds
+    between two plain status lines when nothing ends. Holds no stream (Tune pickles its callbacks with the
+    experiment, and a restored one prints to the new driver's stdout)."""
+
+    def __init__(self, work: dict[str, float], interval: float = 30.0, clock=time.monotonic):
+        self.work, self.interval, self.clock = dict(work), interval, clock
+        self.setup()
+
+    def setup(self, **info):
+        self.started = self.clock()  # also when a restored experiment brings this view back
+        self.fraction: dict[str, float] = {}  # trial_id -> share of its work done (1 once it ended)
+        self.first_fraction: dict[str, float] = {}  # the share done before this run (a resumed trial's epochs)
+        self.epochs: dict[str, int] = {}  # trial_id -> epochs done, of a running trial
+        self.ended: dict[str, str] = {}  # trial_id -> its row's status, "skipped" or "before" (see `see`)
+        self.trials: list = []
+        self.last_shown = -math.inf
+
+    # Tune's events
+
+    def on_step_end(self, iteration, trials, **info):
+        self.see(trials)
+        self.show()
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        self.see(trials)
+        for trial_id, epochs, report in member_reports(trial, result):
+            epoch = report.get("epoch")
+            if epoch and epochs:
+                self.first_fraction.setdefault(trial_id, report.get("resumed_from_epoch", 0) / epochs)
+                self.fraction[trial_id] = epoch / epochs
+                self.epochs[trial_id] = epoch
+        self.show()
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        self.see(trials)
+        # No status: a trial (or pack member) a restored experiment holds but this run must not train
+        # (finetune_trainable's run_only).
+        for trial_id, _, report in member_reports(trial, trial.last_result or {}):
+            self.end(trial_id, report.get("status", "skipped"), report.get("dev_metric"))
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        self.see(trials)
+        for trial_id in member_ids(trial):
+            self.end(trial_id, "error", None)
+
+    def on_experiment_end(self, trials, **info):
+        self.see(trials)
+        self.show(force=True)
+        if sys.stdout.isatty():
+            sys.stdout.write("\n")  # what the sweep prints next starts below the live line
+            sys.stdout.flush()
+
+    # State
+
+    def see(self, trials) -> None:
+        """Take Tune's trial list; trials a restored experiment had already ended count as done, with no
+        work left and none of this run's pace."""
+        self.trials = trials
+        for trial in trials:
+            for trial_id in member_ids(trial) if trial.status in ENDED_BEFORE else ():
+                if trial_id not in self.ended:
+                    self.ended[trial_id] = "before"
+                    self.fraction[trial_id] = self.first_fraction[trial_id] = 1.0
+
+    def end(self, trial_id: str, status: str, metric) -> None:
+        if self.ended.get(trial_id) not in (None, "before"):
+            return  # Tune may end a trial twice (complete, then an error in a later callback)
+        self.ended[trial_id] = status
+        self.epochs.pop(trial_id, None)
+        self.first_fraction.setdefault(trial_id, 1.0 if status == "skipped" else 0.0)
+        self.fraction[trial_id] = 1.0
+        if status != "skipped":
+            shown = f" dev_metric={metric:.4f}" if isinstance(metric, float) and math.isfinite(metric) else ""
+            self.show(ended=f"{trial_id} {status}{shown}")
+
+    def running(self) -> list[tuple[str, int]]:
+        """(trial_id, epochs) of the trials running now; a running pack's members each count."""
+        return [(m["trial_id"], m["finetune"]["epochs"]) for t in self.trials if t.status == "RUNNING"
+                for m in members(t) if m["trial_id"] not in self.ended]
+
+    def eta(self) -> float | None:
+        """Seconds left at this run's pace: work left over work done per second; None before any epoch."""
+        done = sum(self.work.get(t, 0) * (f - self.first_fraction.get(t, 0.0)) for t, f in self.fraction.items())
+        if done <= 0:
+            return None
+        left = sum(w * (1 - self.fraction.get(t, 0.0)) for t, w in self.work.items())
+        return left * (self.clock() - self.started) / done
+
+    def line(self) -> str:
+        """`[done/total] ok · diverged · failed · running · pending · elapsed · eta | running trials' epochs`."""
+        states = collections.Counter(self.ended.values())
+        total = len(self.work)
+        done = sum(1 for t in self.ended if t in self.work)
+        running = self.running()
+        eta = self.eta()
+        line = (f"[{done}/{total}] ok {states['ok']} · diverged {states['diverged']} · failed {states['error']} · "
+                f"running {len(running)} · pending {max(total - done - len(running), 0)} · "
+                f"elapsed {minutes(self.clock() - self.started)} · "
+                f"eta {minutes(eta) if eta is not None else 'after the first epochs'}")
+        if running:
+            named = [f"{short_name(trial_id)} {self.epochs.get(trial_id, 0)}/{epochs} epochs"
+                     for trial_id, epochs in running[:SHOWN_RUNNING]]
+            more = f", +{len(running) - SHOWN_RUNNING} more" if len(running) > SHOWN_RUNNING else ""
+            line += " | " + ", ".join(named) + more
+        return line
+
+    # Output
+
+    def show(self, ended: str | None = None, force: bool = False) -> None:
+        """On a terminal: redraw the live line (at most once a second), printing an ended trial's line above
+        it. Elsewhere: a line per ended trial, and a status line every `interval` seconds."""
+        out, now = sys.stdout, self.clock()
+        live = out.isatty()
+        due = now - self.last_shown >= (1.0 if live else self.interval)
+        if not (ended or force or due):
+            return
+        self.last_shown = now
+        if not live:
+            out.write(f"{self.line()}{f' | ended: {ended}' if ended else ''}\n")
+        else:
+            width = shutil.get_terminal_size().columns - 1  # a wrapped line cannot be redrawn in place
+            if ended:
+                out.write(f"\r\x1b[K{ended}\n")
+            out.write(f"\r\x1b[K{self.line()[:width]}")
+        out.flush()
+
+
+def members(trial) -> list[dict]:
+    """The trial configs a Tune trial runs: a pack's members (sweep.packs), or its own."""
+    return trial.config["trial"].get("pack", [trial.config["trial"]])
+
+
+def member_ids(trial) -> list[str]:
+    return [m["trial_id"] for m in members(trial)]
+
+
+def member_reports(trial, result: dict) -> list[tuple[str, int, dict]]:
+    """(trial_id, epochs, latest report) of each trial a Tune trial runs; a pack reports its members'
+    under `pack_results` (trainables.tune_trainable.run_pack)."""
+    if "pack" not in trial.config["trial"]:
+        return [(trial.config["trial"]["trial_id"], trial.config["trial"]["finetune"]["epochs"], result)]
+    by_id = {r["trial_id"]: r for r in result.get("pack_results", []) if r}
+    return [(m["trial_id"], m["finetune"]["epochs"], by_id.get(m["trial_id"], {})) for m in members(trial)]

@@ -1,0 +1,165 @@
+"""`python -m sweep status [--storage S] NAME`: what a sweep's store holds, per cell, and what a rerun would
+do; read from the store alone (rows and the recorded grids), without starting Ray.
+
+Every sweep command records its grid before it runs anything: `<storage>/<name>/plans/<digest>.json`, the
+command and each planned trial's identity row (the digest is of the trial ids, so running the same command
+again rewrites the same file). A trial is then done, diverged, failed (its row says so) or not yet run (a
+recorded grid holds it and no row does). A sweep still running shows its running trials as not yet run:
+rows land when trials end.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import json
+import shlex
+
+import pandas as pd
+import pyarrow.fs
+
+from sweep.store import filesystem, join, location, rows_dir, sweep_dir
+
+PLANS = "plans"
+NOT_RUN = "not yet run"
+# Column titles of the row statuses; any other status (lr-multipliers' `pruned`) is shown under its own name.
+SHOWN = {"ok": "done", "diverged": "diverged", "error": "failed"}
+ALWAYS_SHOWN = ("task", "train_size")  # the cell columns shown even where every cell shares them
+
+
+def record_plan(sweep: str, argv: list[str], experiment: str, rows: list[dict], rerun_skips) -> None:
+    """Write the grid a command asks for, before it runs: its command, the statuses a rerun skips, and the
+    identity row of every planned trial."""
+    ids = sorted(row["trial_id"] for row in rows)
+    digest = hashlib.sha256("\n".join(ids).encode()).hexdigest()[:12]
+    plan = {
+        "command": "python -m sweep " + shlex.join(argv),
+        "experiment": experiment,
+        "written_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "rerun_skips": sorted(rerun_skips),
+        "trials": rows,
+    }
+    fs, path = filesystem(join(sweep, PLANS))
+    fs.create_dir(path)
+    with fs.open_output_stream(f"{path}/{digest}.json") as out:
+        out.write(json.dumps(plan).encode())
+
+
+def read_plans(sweep: str) -> list[dict]:
+    """Every grid recorded for the sweep, oldest first."""
+    fs, path = filesystem(join(sweep, PLANS))
+    found = fs.get_file_info(pyarrow.fs.FileSelector(path, allow_not_found=True))
+    plans = []
+    for info in found:
+        if info.is_file and info.base_name.endswith(".json"):
+            with fs.open_input_stream(info.path) as handle:
+                plans.append(json.loads(handle.read()))
+    return sorted(plans, key=lambda plan: plan["written_at"])
+
+
+def trial_table(plans: list[dict], stored: pd.DataFrame) -> pd.DataFrame:
+    """One line per trial a recorded grid plans or a row holds: its identity columns and `state` (a row's
+    status, or 'not yet run')."""
+    planned = pd.DataFrame([row for plan in plans for row in plan["trials"]])
+    if len(planned):
+        planned = planned.drop_duplicates("trial_id", keep="last")
+        unplanned = stored[~stored["trial_id"].isin(planned["trial_id"])]
+        trials = pd.concat([planned.merge(stored[["trial_id", "status"]], on="trial_id", how="left"), unplanned])
+    else:
+        trials = stored
+    trials = trials.reset_index(drop=True)
+    trials["state"] = trials["status"].astype(object).where(trials["status"].notna(), NOT_RUN)
+    return trials
+
+
+def cell_columns(trials: pd.DataFrame) -> list[str]:
+    """The condition columns (analysis's) that tell the sweep's cells apart: task and size always, the
+    others where they vary."""
+    from analysis.stats import condition_columns
+
+    columns = [c for c in condition_columns(trials) if c != "metric_name"]
+    return [c for c in columns if c in ALWAYS_SHOWN or trials[c].nunique(dropna=False) > 1]
+
+
+def cell_counts(trials: pd.DataFrame) -> pd.DataFrame:
+    """Per cell: its trials, and how many are done, diverged, failed (and any other status) or not yet run."""
+    by = cell_columns(trials)
+    keys = trials[by].astype(object).where(trials[by].notna(), "-")
+    keys = keys.map(lambda v: int(v) if isinstance(v, float) and v.is_integer() else v)
+    counts = pd.crosstab([keys[c] for c in by], trials["state"]).reindex(columns=states(trials), fill_value=0)
+    counts.insert(0, "trials", counts.sum(axis=1))
+    counts = counts.rename(columns=SHOWN).reset_index()
+    counts.columns.name = None
+    return counts
+
+
+def states(trials: pd.DataFrame) -> list[str]:
+    """The states in the order shown: done, diverged, failed, any other status, not yet run."""
+    return [*SHOWN, *sorted(set(trials["state"]) - {*SHOWN, NOT_RUN}), NOT_RUN]
+
+
+def tally(states_seen: pd.Series, order: list[str]) -> str:
+    """'done 3, failed 1' in the order shown, naming only the states met."""
+    counts = states_seen.value_counts()
+    return ", ".join(f"{SHOWN.get(state, state)} {counts[state]}" for state in order if state in counts)
+
+
+def rerun_line(plans: list[dict], trials: pd.DataFrame) -> str:
+    """What running the newest recorded command again would do."""
+    if not plans:
+        return ("no grid is recorded for this sweep (it ran before `status` existed): trials it never ran are not "
+                "counted; a rerun retries its failed trials and runs the grid's missing ones")
+    latest = plans[-1]
+    mine = trials[trials["trial_id"].isin({row["trial_id"] for row in latest["trials"]})]
+    skipped = mine["state"].isin(latest["rerun_skips"])
+    run, skip = (tally(mine.loc[which, "state"], states(trials)) for which in (~skipped, skipped))
+    return (f"rerunning `{latest['command']}` ({latest['written_at']}) would run {(~skipped).sum()} "
+            f"trials{f' ({run})' if run else ''} and skip {skipped.sum()}{f' ({skip})' if skip else ''}")
+
+
+def status(storage: str, name: str) -> str:
+    """The report `python -m sweep status` prints."""
+    sweep = sweep_dir(storage, name)
+    fs, path = filesystem(sweep)
+    if fs.get_file_info(path).type != pyarrow.fs.FileType.Directory:
+        raise SystemExit(f"NAME: no sweep '{name}' under --storage {storage} ({sweep} does not exist); "
+                         f"sweeps there: {', '.join(sweep_names(storage)) or 'none'}")
+    from analysis.results import read_results
+
+    plans = read_plans(sweep)
+    stored = read_results(rows_dir(storage, name)) if is_dir(rows_dir(storage, name)) else pd.DataFrame(
+        columns=["trial_id", "status"])
+    trials = trial_table(plans, stored)
+    if not len(trials):
+        return f"{sweep}: no rows and no recorded grid yet"
+    lines = [
+        f"{sweep}: {len(trials)} trials; {tally(trials['state'], states(trials))}",
+        cell_counts(trials).to_string(index=False),
+        rerun_line(plans, trials),
+    ]
+    return "\n".join(lines)
+
+
+def is_dir(where) -> bool:
+    fs, path = filesystem(where)
+    return fs.get_file_info(path).type == pyarrow.fs.FileType.Directory
+
+
+def sweep_names(storage: str) -> list[str]:
+    """The sweeps under a storage location: its folders holding rows or a recorded grid."""
+    fs, path = filesystem(location(storage))
+    found = fs.get_file_info(pyarrow.fs.FileSelector(path, allow_not_found=True))
+    return sorted(f.base_name for f in found if f.type == pyarrow.fs.FileType.Directory
+                  and (is_dir(join(location(storage), f.base_name, "rows"))
+                       or is_dir(join(location(storage), f.base_name, PLANS))))
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m sweep status",
+                                description="What a sweep's store holds per cell and what a rerun would do; "
+                                            "reads the store alone (no Ray).")
+    p.add_argument("name", metavar="NAME", help="the sweep's name (its --name, default the experiment)")
+    p.add_argument("--storage", default="./results", help="the sweep's --storage (default ./results; s3://... too)")
+    args = p.parse_args(argv)
+    print(status(args.storage, args.name))
+    return 0

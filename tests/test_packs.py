@@ -1,0 +1,95 @@
+"""Fused packs in the sweep (--pack): grouping, sizing, and a real Ray sweep whose rows match --pack 1's."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from analysis.results import read_results
+from sweep.cli import main
+from sweep.experiments import EXPERIMENTS, GridSettings
+from sweep.packs import AUTO_PACK_MAX, group_into_packs, members, memory_sized_pack, resolve_pack
+from trainables.models import load_pretrained
+
+
+@pytest.fixture(scope="module")
+def quiet_bert(tiny_bert, tmp_path_factory):
+    """The tiny BERT with dropout off: then a trial's numbers do not depend on its dropout stream."""
+    folder = tmp_path_factory.mktemp("quiet-bert")
+    shutil.copytree(tiny_bert, folder, dirs_exist_ok=True)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    (folder / "config.json").write_text(json.dumps(config))
+    return str(folder)
+
+
+def grid(experiment: str, tiny_bert: str, **fields):
+    settings = GridSettings(model=tiny_bert, tasks=("synthetic",), sizes=(24,), trials=((0, 3),), epochs=1, **fields)
+    return [spec.to_config() for spec in EXPERIMENTS[experiment].build(settings, 4, 4)]
+
+
+def test_packs_group_trials_of_one_shape_and_leave_the_rest_alone(tiny_bert):
+    pretrained = {tiny_bert: load_pretrained(tiny_bert)}
+    trials = grid("incremental", tiny_bert, k=(0, 2, 4))  # 9 trials of one shape
+    units = group_into_packs(trials, 4, pretrained)
+    assert [len(members(u)) for u in units] == [4, 4, 1]
+    assert [m["trial_id"] for u in units for m in members(u)] == [t["trial_id"] for t in trials]
+    assert units[2] is trials[8] and "pack" not in units[2]  # a pack of one is a plain trial
+    again = group_into_packs(grid("incremental", tiny_bert, k=(0, 2, 4)), 4, pretrained)
+    assert [u["trial_id"] for u in again] == [u["trial_id"] for u in units]  # resumable: same pack ids
+    assert group_into_packs(trials, 1, pretrained) == trials
+
+    # Trials of different shapes never share a pack; sequential finetuning is never fused.
+    longer = [{**t, "finetune": {**t["finetune"], "epochs": 2}} for t in trials[:2]]
+    units = group_into_packs([*trials[:2], *longer], 8, pretrained)
+    assert sorted(len(members(u)) for u in units) == [2, 2]
+    sequential = grid("sequential", tiny_bert, intermediate_tasks=("sst2",), k=(0,))
+    units = group_into_packs(sequential, 8, pretrained)
+    staged = [t for t in sequential if t["finetune"].get("intermediate_task")]
+    assert staged and all(any(u is t for u in units) for t in staged)
+
+
+def test_auto_pack_size_comes_from_the_device():
+    assert resolve_pack("auto", 0.0, 110_000_000) == 1  # CPUs: fusing does not pay (docs/benchmarks.md)
+    assert resolve_pack(5, 0.0, 110_000_000) == 5
+    h100 = 80 * 2**30
+    assert memory_sized_pack(h100, 110_000_000) == 31  # BERT-base: 0.8 * 80 GiB / (20 B * 110M)
+    assert memory_sized_pack(h100, 1_000_000) == AUTO_PACK_MAX
+    assert memory_sized_pack(8 * 2**30, 340_000_000) == 1  # BERT-large on a small card: one at a time
+
+
+def test_bad_pack_option_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        main(["incremental", "--pack", "0", "--dry-run"])
+    assert "--pack: '0' is neither a whole number of trials >= 1 nor 'auto'" in capsys.readouterr().err
+
+
+def test_real_sweep_with_packs_writes_the_rows_of_unfused_trials(ray_local, quiet_bert, tmp_path):
+    argv = ["incremental", "--model", quiet_bert, "--tasks", "synthetic", "--sizes", "24", "--k", "0", "4",
+            "--trials", "2", "--epochs", "2", "--weight-decay", "0.01", "--storage", str(tmp_path)]
+    assert main([*argv, "--pack", "1", "--name", "alone"]) == 0
+    assert main([*argv, "--pack", "3", "--name", "packed"]) == 0
+    alone, packed = (read_results(tmp_path / n).set_index("trial_id").sort_index() for n in ("alone", "packed"))
+    assert list(packed.index) == list(alone.index) and len(alone) == 4
+    assert set(packed["status"]) == set(alone["status"]) == {"ok"}
+    assert set(alone.columns) <= set(packed.columns)
+    assert set(alone["pack_size"]) == {1} and alone["pack_id"].isna().all()
+    assert sorted(packed["pack_size"]) == [1, 3, 3, 3]
+    assert packed.loc[packed["pack_size"] == 3, "pack_id"].nunique() == 1
+    assert packed.loc[packed["pack_size"] == 1, "pack_id"].isna().all()
+    # With dropout off, a trial's numbers do not depend on whom it trained with.
+    np.testing.assert_allclose(packed["dev_metric"], alone["dev_metric"], atol=1e-9)
+    np.testing.assert_allclose(packed["train_loss"], alone["train_loss"], rtol=2e-4)
+    assert packed["clipped_steps"].tolist() == alone["clipped_steps"].tolist()
+    for a, b in zip(packed["weight_distance"], alone["weight_distance"]):
+        np.testing.assert_allclose(a, b, rtol=1e-3)
+    identity = [c for c in alone.columns if c in ("k", "seed", "subset_seed", "epochs", "lr", "max_grad_norm")]
+    assert packed[identity].equals(alone[identity])
+
+    # Skip-done works per trial: a rerun with another pack size finds every trial done and runs nothing.
+    files = sorted(p.name for p in (tmp_path / "packed" / "rows").iterdir())
+    assert main([*argv, "--pack", "2", "--name", "packed"]) == 0
+    assert sorted(p.name for p in (tmp_path / "packed" / "rows").iterdir()) == files

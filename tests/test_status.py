@@ -1,0 +1,85 @@
+"""`python -m sweep status`: a sweep's store read per cell (done, diverged, failed, not yet run), without Ray,
+on a local folder and on S3; what it says a rerun would run is what the rerun runs."""
+from __future__ import annotations
+
+import pytest
+
+import sweep.cli
+from analysis.results import read_results
+from sweep.cli import main
+from sweep.status import cell_counts, read_plans, trial_table
+from sweep.store import rows_dir, sweep_dir, write_row
+
+# What the stand-in for Ray gives the first three trials it is handed; the fourth never runs.
+OUTCOMES = ("ok", "diverged", "error")
+
+
+def fake_run(outcomes: dict):
+    """Replaces sweep.cli.run: lands a row per outcome instead of training, and remembers what it was given."""
+    def run(todo, settings, args, folder, pretrained, raw=None):
+        outcomes["handed"] = [spec.trial_id for spec in todo]
+        for spec, status in zip(todo, OUTCOMES):
+            write_row(folder, {**spec.row(), "status": status, "metric_name": "accuracy",
+                               "dev_metric": 0.5 if status == "ok" else None})
+            outcomes[spec.trial_id] = status
+    return run
+
+
+@pytest.fixture(params=["local", "s3"])
+def storage(request, tmp_path) -> str:
+    return str(tmp_path) if request.param == "local" else request.getfixturevalue("s3_bucket")
+
+
+def test_status_of_done_diverged_failed_and_missing_trials(tiny_bert, storage, monkeypatch, capsys):
+    argv = ["incremental", "--model", tiny_bert, "--tasks", "synthetic", "--sizes", "16", "--k", "0", "2",
+            "--trials", "2", "--storage", storage, "--name", "sw"]
+    outcomes = {}
+    monkeypatch.setattr(sweep.cli, "run", fake_run(outcomes))
+    assert main(argv) == 1  # a failed trial
+    handed = outcomes.pop("handed")
+    assert len(handed) == 4 and set(outcomes) == set(handed[:3])
+    capsys.readouterr()
+
+    assert main(["status", "--storage", storage, "sw"]) == 0
+    out = capsys.readouterr().out
+    assert "4 trials; " in out and all(f"{state} 1" in out for state in ("done", "diverged", "failed", "not yet run"))
+    assert "would run 2 trials (failed 1, not yet run 1) and skip 2 (done 1, diverged 1)" in out
+    assert f"python -m sweep incremental --model {tiny_bert} " in out
+
+    # Per cell (k), the counts the fake run's outcomes give.
+    sweep_folder = sweep_dir(storage, "sw")
+    trials = trial_table(read_plans(sweep_folder), read_results(rows_dir(storage, "sw")))
+    counts = cell_counts(trials).set_index("k")
+    k_of = dict(zip(trials["trial_id"], trials["k"]))
+    for k in (0, 2):
+        mine = [outcomes.get(t, "missing") for t in handed if k_of[t] == k]
+        assert counts.loc[k, ["trials", "done", "diverged", "failed", "not yet run"]].tolist() == [
+            2, mine.count("ok"), mine.count("diverged"), mine.count("error"), mine.count("missing")]
+
+    # The rerun runs exactly what status said: the failed trial and the one never run.
+    monkeypatch.setattr(sweep.cli, "run", fake_run(rerun := {}))
+    main(argv)
+    assert set(rerun["handed"]) == {handed[2], handed[3]}
+
+
+def test_status_of_a_sweep_that_is_not_there_names_the_ones_that_are(tiny_bert, tmp_path, monkeypatch):
+    monkeypatch.setattr(sweep.cli, "run", fake_run({}))
+    main(["incremental", "--model", tiny_bert, "--tasks", "synthetic", "--sizes", "16", "--k", "0", "--trials", "1",
+          "--storage", str(tmp_path), "--name", "there"])
+    with pytest.raises(SystemExit, match=r"NAME: no sweep 'typo' under --storage .*; sweeps there: there$"):
+        main(["status", "--storage", str(tmp_path), "typo"])
+
+
+def test_status_counts_every_trial_of_a_search_budget(tiny_bert, tmp_path, monkeypatch, capsys):
+    from sweep.search import planned_rows
+
+    def run(todo, settings, args, folder, pretrained, raw=None):  # the first study's baseline lands, nothing else
+        write_row(folder, {**planned_rows(todo, 1)[0], "status": "ok", "metric_name": "accuracy", "dev_metric": 0.5})
+
+    monkeypatch.setattr(sweep.cli, "run", run)
+    main(["lr-multipliers", "--model", tiny_bert, "--tasks", "synthetic", "--sizes", "16", "--k", "0", "2",
+          "--trials", "1", "--num-samples", "3", "--storage", str(tmp_path), "--name", "search"])
+    capsys.readouterr()
+    main(["status", "--storage", str(tmp_path), "search"])
+    out = capsys.readouterr().out
+    assert "6 trials; done 1, not yet run 5" in out and "would run 5 trials (not yet run 5) and skip 1 (done 1)" in out

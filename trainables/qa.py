@@ -1,0 +1,358 @@
+"""SQuAD 2.0 as a task: extractive question answering with unanswerable questions.
+
+Its raw data comes from the hub (`rajpurkar/squad_v2`) or from the official JSON files, checked before any
+work. Questions are tokenized with their context into overlapping windows ("features"; Hugging Face's
+question-answering example: the context only is truncated, `doc_stride` tokens shared between neighbours),
+each feature labelled with the start and end token of the answer (the [CLS] token when the window holds no
+answer). A span head (start and end logits per token) sits on any encoder the surgery code works on. At
+evaluation the best span of a question over all its windows is mapped back to context text through the
+tokenizer's character offsets, and the question is predicted unanswerable when the null score ([CLS] start +
+[CLS] end) beats it. Metrics are the official SQuAD 2.0 evaluation's (exact match and F1 of normalized
+answers, over all questions and split into answerable / unanswerable), as fractions in [0, 1] like every
+other metric of the project (the official script prints them times 100).
+
+Training subsets count questions: a subset of n questions trains on all of their windows.
+"""
+from __future__ import annotations
+
+import collections
+import copy
+import dataclasses
+import json
+import re
+import string
+from pathlib import Path
+
+import datasets
+import numpy as np
+import torch
+from torch import nn
+
+from trainables.data import TokenizedSplit, TokenizedTask, collate, eval_batches
+from trainables.models import Pretrained, load_encoder_weights
+from trainables.tasks import SQUAD_V2, TaskData, get_task
+
+TASK = get_task(SQUAD_V2)
+HUB_DATASET = "rajpurkar/squad_v2"
+SQUAD_FILES = {"train": "train-v2.0.json", "validation": "dev-v2.0.json"}
+N_BEST = 20  # start and end candidates per window, as the example's postprocessing
+MAX_ANSWER_TOKENS = 30
+SHAPE = '{"version", "data": [{"title", "paragraphs": [{"context", "qas": [{"id", "question", "answers": [{"text", "answer_start"}]}]}]}]}'
+
+
+# --- raw data --------------------------------------------------------------------------------------------
+
+
+def load_squad(data_dir: str | None = None) -> TaskData:
+    """SQuAD 2.0's train and dev splits, from the official files under `data_dir` or from the hub; one row
+    per question: id, question, context, answers {text, answer_start} (empty lists: unanswerable)."""
+    if data_dir is not None:
+        root = Path(data_dir).resolve()
+        train, validation = (read_squad_file(root / SQUAD_FILES[split]) for split in ("train", "validation"))
+        return TaskData(TASK, train, validation, f"local:{root}")
+    hub = datasets.load_dataset(HUB_DATASET)
+    train, validation = (hub[split].select_columns(["id", "question", "context", "answers"])
+                         for split in ("train", "validation"))
+    for split, source in ((train, f"{HUB_DATASET} train"), (validation, f"{HUB_DATASET} validation")):
+        for row in split:
+            check_answers(source, row["id"], row["context"], row["answers"])
+    return TaskData(TASK, train, validation, "hub")
+
+
+def read_squad_file(path: Path) -> datasets.Dataset:
+    if not path.is_file():
+        raise FileNotFoundError(f"task '{SQUAD_V2}': expected the official file {path}")
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: not SQuAD JSON (not JSON at all: {err}); expected {SHAPE}") from None
+    rows = collections.defaultdict(list)
+    for qa, context in squad_questions(document, path):
+        answers = qa.get("answers")
+        if not isinstance(answers, list) or not all(isinstance(a, dict) and isinstance(a.get("text"), str)
+                                                    and isinstance(a.get("answer_start"), int) for a in answers):
+            raise ValueError(f"{path}: question {qa['id']}: 'answers' must be a list of {{\"text\", \"answer_start\"}}")
+        if bool(qa.get("is_impossible", not answers)) == bool(answers):
+            raise ValueError(f"{path}: question {qa['id']}: is_impossible={qa.get('is_impossible')} but it has "
+                             f"{len(answers)} answers; an unanswerable question has none, an answerable one some")
+        answers = {"text": [a["text"] for a in answers], "answer_start": [a["answer_start"] for a in answers]}
+        check_answers(str(path), qa["id"], context, answers)
+        for name, value in (("id", qa["id"]), ("question", qa["question"]), ("context", context), ("answers", answers)):
+            rows[name].append(value)
+    if not rows:
+        raise ValueError(f"{path}: the file holds no questions")
+    return datasets.Dataset.from_dict(dict(rows))
+
+
+def squad_questions(document, path: Path):
+    """(question, its context) for every question of a SQuAD JSON document; a clear error where the shape
+    is not SQuAD's."""
+    def fail(where: str) -> None:
+        raise ValueError(f"{path}: not SQuAD JSON ({where}); expected {SHAPE}")
+
+    if not isinstance(document, dict) or not isinstance(document.get("data"), list):
+        fail("no top-level 'data' list")
+    for i, article in enumerate(document["data"]):
+        if not isinstance(article, dict) or not isinstance(article.get("paragraphs"), list):
+            fail(f"data[{i}] has no 'paragraphs' list")
+        for j, paragraph in enumerate(article["paragraphs"]):
+            if not isinstance(paragraph, dict) or not isinstance(paragraph.get("context"), str) \
+                    or not isinstance(paragraph.get("qas"), list):
+                fail(f"data[{i}].paragraphs[{j}] has no 'context' text and 'qas' list")
+            for qa in paragraph["qas"]:
+                if not isinstance(qa, dict) or not isinstance(qa.get("id"), str) or not isinstance(qa.get("question"), str):
+                    fail(f"data[{i}].paragraphs[{j}] has a question without an 'id' and 'question' text")
+                yield qa, paragraph["context"]
+
+
+def check_answers(source: str, question_id: str, context: str, answers: dict) -> None:
+    for text, start in zip(answers["text"], answers["answer_start"]):
+        if start < 0 or context[start : start + len(text)] != text:
+            raise ValueError(f"{source}: question {question_id}: answer_start {start} does not point at its answer "
+                             f"{text!r} (the context there reads {context[max(start, 0) : max(start, 0) + len(text)]!r})")
+
+
+# --- windows ---------------------------------------------------------------------------------------------
+
+
+def doc_stride(max_length: int) -> int:
+    """Tokens two neighbouring windows share: 128 at the example's 384, the same third at other lengths."""
+    return max_length // 3
+
+
+@dataclasses.dataclass(frozen=True)
+class QASplit(TokenizedSplit):
+    """Windows (rows, as a TokenizedSplit's) and the questions they come from. `labels` holds each window's
+    (start, end) answer token; (cls, cls) where the window holds no answer."""
+
+    feature_question: np.ndarray  # per window, the index of its question
+    char_starts: np.ndarray  # per token (laid out as input_ids), its context character span; -1 outside
+    char_ends: np.ndarray
+    cls_positions: np.ndarray  # per window, where its [CLS] token is
+    ids: tuple[str, ...]  # per question
+    contexts: tuple[str, ...]
+    answers: tuple[tuple[str, ...], ...]  # gold answer texts; () for an unanswerable question
+
+    @property
+    def num_questions(self) -> int:
+        return len(self.ids)
+
+
+def tokenize_qa_split(dataset: datasets.Dataset, tokenizer, max_length: int) -> QASplit:
+    if not getattr(tokenizer, "is_fast", False):
+        raise ValueError(f"task '{SQUAD_V2}' needs a fast tokenizer (character offsets); {type(tokenizer).__name__} is not")
+    columns = dataset.to_dict()  # whole columns at once: a datasets Column iterates row by row
+    contexts = columns["context"]
+    encoded = tokenizer(
+        [q.lstrip() for q in columns["question"]],  # some questions start with spaces that only waste the window
+        contexts,
+        truncation="only_second",
+        max_length=max_length,
+        stride=doc_stride(max_length),
+        return_overflowing_tokens=True,
+        return_offsets_mapping=True,
+        return_token_type_ids=True,
+        return_attention_mask=False,
+    )
+    answers = columns["answers"]
+    question_of = np.asarray(encoded["overflow_to_sample_mapping"], dtype=np.int64)
+    labels, cls_positions, char_starts, char_ends = [], [], [], []
+    for i, offsets in enumerate(encoded["offset_mapping"]):
+        in_context = np.asarray([s == 1 for s in encoded.sequence_ids(i)])
+        spans = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
+        spans[~in_context] = -1
+        cls = encoded["input_ids"][i].index(tokenizer.cls_token_id)
+        answer = answers[question_of[i]]
+        labels.append(answer_tokens(spans, answer["answer_start"][:1], answer["text"][:1], cls))
+        cls_positions.append(cls)
+        char_starts.append(spans[:, 0])
+        char_ends.append(spans[:, 1])
+    lengths = np.fromiter((len(s) for s in encoded["input_ids"]), dtype=np.int64)
+    return QASplit(
+        input_ids=np.concatenate(encoded["input_ids"]).astype(np.int32),
+        token_type_ids=np.concatenate(encoded["token_type_ids"]).astype(np.int8),
+        offsets=np.concatenate([[0], np.cumsum(lengths)]),
+        labels=np.asarray(labels, dtype=np.int64).reshape(-1, 2),
+        feature_question=question_of,
+        char_starts=np.concatenate(char_starts).astype(np.int32),
+        char_ends=np.concatenate(char_ends).astype(np.int32),
+        cls_positions=np.asarray(cls_positions, dtype=np.int64),
+        ids=tuple(columns["id"]),
+        contexts=tuple(contexts),
+        answers=tuple(tuple(a["text"]) for a in answers),
+    )
+
+
+def answer_tokens(spans: np.ndarray, starts: list[int], texts: list[str], cls: int) -> tuple[int, int]:
+    """The first and last token of the (first) answer within one window; (cls, cls) when it is unanswerable
+    or not wholly inside this window, as the example labels them."""
+    if not starts:
+        return cls, cls
+    first_char, end_char = starts[0], starts[0] + len(texts[0])
+    context = np.flatnonzero(spans[:, 0] >= 0)
+    if spans[context[0], 0] > first_char or spans[context[-1], 1] < end_char:
+        return cls, cls
+    start = context[spans[context, 0] <= first_char][-1]
+    end = context[spans[context, 1] >= end_char][0]
+    return int(start), int(end)
+
+
+def tokenize_qa_task(task_data: TaskData, tokenizer, tokenizer_name: str, max_length: int) -> TokenizedTask:
+    return TokenizedTask(
+        task=SQUAD_V2, num_labels=2, metric=TASK.metric, source=task_data.source, tokenizer=tokenizer_name,
+        max_length=max_length, train=tokenize_qa_split(task_data.train, tokenizer, max_length),
+        validation=tokenize_qa_split(task_data.validation, tokenizer, max_length),
+    )
+
+
+# --- subsets: they count questions --------------------------------------------------------------------------
+
+
+def example_count(split: TokenizedSplit) -> int:
+    """What a subset draws from: questions for question answering, else examples (rows)."""
+    return split.num_questions if isinstance(split, QASplit) else len(split)
+
+
+def example_rows(split: TokenizedSplit, examples: np.ndarray) -> np.ndarray:
+    """The rows that train on the drawn examples: every window of the drawn questions."""
+    if not isinstance(split, QASplit):
+        return examples
+    return np.flatnonzero(np.isin(split.feature_question, examples))
+
+
+def select_questions(split: QASplit, questions: np.ndarray) -> QASplit:
+    """The questions `questions` of a split, with all their windows, as a split of their own."""
+    rows = example_rows(split, questions)
+    tokens = np.concatenate([np.arange(split.offsets[r], split.offsets[r + 1]) for r in rows])
+    renumber = np.full(split.num_questions, -1, dtype=np.int64)
+    renumber[questions] = np.arange(len(questions))
+    pick = lambda values: tuple(values[q] for q in questions)  # noqa: E731
+    return QASplit(
+        input_ids=split.input_ids[tokens], token_type_ids=split.token_type_ids[tokens],
+        offsets=np.concatenate([[0], np.cumsum(split.lengths[rows])]), labels=split.labels[rows],
+        feature_question=renumber[split.feature_question[rows]], char_starts=split.char_starts[tokens],
+        char_ends=split.char_ends[tokens], cls_positions=split.cls_positions[rows],
+        ids=pick(split.ids), contexts=pick(split.contexts), answers=pick(split.answers),
+    )
+
+
+# --- the model ---------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class SpanLogits:
+    # (batch, tokens, 2): start and end logits. Laid out so that cross_entropy(logits, labels) with labels
+    # (batch, 2) is the mean of the start and end losses, as Hugging Face's QA heads compute theirs.
+    logits: torch.Tensor
+
+
+class SpanModel(nn.Module):
+    """An encoder (`base_model`, the same module a sequence classifier has, pooler included, so surgery and
+    sequential finetuning treat both alike) and a linear start/end head on its last hidden states."""
+
+    def __init__(self, config):
+        from transformers import AutoModel
+
+        super().__init__()
+        self.config = config
+        self.base_model = AutoModel.from_config(config)
+        self.qa_outputs = nn.Linear(int(config.hidden_size), 2)
+        nn.init.normal_(self.qa_outputs.weight, std=float(getattr(config, "initializer_range", 0.02)))
+        nn.init.zeros_(self.qa_outputs.bias)
+
+    def forward(self, input_ids, attention_mask, **inputs) -> SpanLogits:
+        hidden = self.base_model(input_ids=input_ids, attention_mask=attention_mask, **inputs).last_hidden_state
+        logits = self.qa_outputs(hidden)
+        # Padding is never an answer: masked, so a window's logits do not depend on its batch's padding.
+        return SpanLogits(logits.masked_fill(attention_mask.unsqueeze(-1) == 0, torch.finfo(logits.dtype).min))
+
+
+def build_span_model(pretrained: Pretrained, seed: int) -> SpanModel:
+    """A span model with the pretrained encoder and a fresh head drawn from `seed`."""
+    torch.manual_seed(seed)
+    model = SpanModel(copy.deepcopy(pretrained.config))
+    load_encoder_weights(model.base_model, pretrained)
+    return model
+
+
+# --- evaluation --------------------------------------------------------------------------------------------
+
+
+def evaluate_qa(model, split: QASplit, batch_size: int, compute) -> dict[str, float]:
+    """The official SQuAD 2.0 metrics of the model's best answers to the split's questions."""
+    model.eval()
+    logits: list[np.ndarray] = [None] * len(split)
+    with torch.inference_mode(), compute.autocast():
+        for rows in eval_batches(split, batch_size):
+            batch = {k: v.to(compute.device) for k, v in collate(split, rows, compute.pad_id).items() if k != "labels"}
+            out = model(**batch).logits.float().cpu().numpy()
+            for j, row in enumerate(rows):
+                logits[row] = out[j, : split.lengths[row]]
+    return squad_metrics(best_answers(split, logits), split.answers)
+
+
+def best_answers(split: QASplit, logits: list[np.ndarray]) -> list[str]:
+    """Per question, the highest-scoring span over all its windows (start + end logit; within the context,
+    end not before start, at most MAX_ANSWER_TOKENS), or "" (unanswerable) when the lowest null score of its
+    windows is higher."""
+    best = [(-np.inf, "") for _ in range(split.num_questions)]
+    null = np.full(split.num_questions, np.inf)
+    for row, window in enumerate(logits):
+        question, first = split.feature_question[row], split.offsets[row]
+        starts, ends = split.char_starts[first : first + len(window)], split.char_ends[first : first + len(window)]
+        cls = split.cls_positions[row]
+        null[question] = min(null[question], window[cls, 0] + window[cls, 1])
+        for s in np.argsort(window[:, 0])[::-1][:N_BEST]:
+            for e in np.argsort(window[:, 1])[::-1][:N_BEST]:
+                if starts[s] < 0 or starts[e] < 0 or e < s or e - s + 1 > MAX_ANSWER_TOKENS:
+                    continue
+                score = window[s, 0] + window[e, 1]
+                if score > best[question][0]:
+                    best[question] = (score, split.contexts[question][starts[s] : ends[e]])
+    return [text if score >= null[q] else "" for q, (score, text) in enumerate(best)]
+
+
+# --- the official metrics --------------------------------------------------------------------------------
+
+
+def normalize_answer(text: str) -> str:
+    """The official normalization: lower case, no punctuation, no articles (a, an, the), single spaces."""
+    text = "".join(ch for ch in text.lower() if ch not in set(string.punctuation))
+    text = re.sub(r"\b(a|an|the)\b", " ", text, flags=re.UNICODE)
+    return " ".join(text.split())
+
+
+def exact_score(gold: str, prediction: str) -> float:
+    return float(normalize_answer(gold) == normalize_answer(prediction))
+
+
+def f1_score(gold: str, prediction: str) -> float:
+    gold_tokens, predicted_tokens = normalize_answer(gold).split(), normalize_answer(prediction).split()
+    if not gold_tokens or not predicted_tokens:  # an empty answer (no answer) scores 1 against an empty one only
+        return float(gold_tokens == predicted_tokens)
+    common = sum((collections.Counter(gold_tokens) & collections.Counter(predicted_tokens)).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(predicted_tokens), common / len(gold_tokens)
+    return 2 * precision * recall / (precision + recall)
+
+
+def squad_metrics(predictions: list[str], answers) -> dict[str, float]:
+    """Exact match and F1 (each question's best over its gold answers), over all questions and over the
+    answerable (`has_ans_*`) and unanswerable (`no_ans_*`) ones; nan for a part with no question."""
+    if len(predictions) != len(answers):
+        raise ValueError(f"{len(predictions)} predictions for {len(answers)} questions")
+    exact, f1, answerable = [], [], []
+    for prediction, texts in zip(predictions, answers):
+        golds = [t for t in texts if normalize_answer(t)] or [""]  # as the official script: no answer is ""
+        exact.append(max(exact_score(g, prediction) for g in golds))
+        f1.append(max(f1_score(g, prediction) for g in golds))
+        answerable.append(bool(texts))  # as the official script: by the raw answers, before normalization
+    exact, f1, answerable = np.asarray(exact), np.asarray(f1), np.asarray(answerable, dtype=bool)
+    mean = lambda values, part: float(values[part].mean()) if part.any() else float("nan")  # noqa: E731
+    everything = np.ones_like(answerable)
+    return {
+        "exact": mean(exact, everything), "f1": mean(f1, everything),
+        "has_ans_exact": mean(exact, answerable), "has_ans_f1": mean(f1, answerable),
+        "no_ans_exact": mean(exact, ~answerable), "no_ans_f1": mean(f1, ~answerable),
+    }
