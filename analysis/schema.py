@@ -62,11 +62,6 @@ COLUMNS: tuple[tuple[str, pa.DataType, str], ...] = (
     ("multiplier_low", _FLOAT, SETTING),
     ("multiplier_high", _FLOAT, SETTING),
     ("multipliers", _FLOATS, SETTING),
-    ("model_type", _STR, SETTING),
-    ("label_names", _STRS, SETTING),
-    ("text_columns", _STRS, SETTING),
-    ("label_column", _STR, SETTING),
-    ("task_file", _STR, SETTING),
     # Which repeat of the condition.
     ("trial_index", _INT, REPLICATE),
     ("subset_seed", _INT, REPLICATE),
@@ -113,6 +108,14 @@ COLUMNS: tuple[tuple[str, pa.DataType, str], ...] = (
     ("val_metrics_by_epoch", _FLOATS, RESULT),
     ("epochs_run", _INT, RESULT),
     ("layer_lrs", _FLOATS, RESULT),
+    # What the model and task files turned out to hold: implied by model, task and data_source (settings),
+    # and only known once a trial reported, so a trial that failed before its first report has none; as
+    # settings they would split it off into a condition of its own.
+    ("model_type", _STR, RESULT),
+    ("label_names", _STRS, RESULT),
+    ("text_columns", _STRS, RESULT),
+    ("label_column", _STR, RESULT),
+    ("task_file", _STR, RESULT),
     # How it ran: changes no number.
     ("eval_every", _INT, RESULT),
     ("pack_size", _INT, RESULT),

@@ -133,7 +133,7 @@ class _Codes:
     counting groups this way is one vectorised pass instead of a pandas groupby per question."""
 
     def __init__(self, rows: pd.DataFrame):
-        self.rows, self.cache = rows, {}
+        self.rows, self.cache = groupable(rows), {}
 
     def column(self, name: str) -> np.ndarray:
         if name not in self.cache:

@@ -77,7 +77,8 @@ def cell_columns(trials: pd.DataFrame) -> list[str]:
     others where they vary."""
     from analysis.stats import condition_columns
 
-    columns = [c for c in condition_columns(trials) if c != "metric_name"]
+    # `state` is this table's own column, not a setting (analysis counts an undeclared column as one).
+    columns = [c for c in condition_columns(trials.drop(columns="state")) if c != "metric_name"]
     return [c for c in columns if c in ALWAYS_SHOWN or trials[c].nunique(dropna=False) > 1]
 
 

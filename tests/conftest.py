@@ -121,8 +121,8 @@ def ray_local():
 
 
 @pytest.fixture(scope="module")
-def s3_bucket():
-    """A real S3 API on loopback (moto's server): an empty bucket's URI, with pyarrow's options for it."""
+def s3_server():
+    """A real S3 API on loopback (moto's server): the URI of its bucket, with pyarrow's options for it."""
     import pyarrow.fs
 
     server = pytest.importorskip("moto.server").ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
@@ -131,8 +131,17 @@ def s3_bucket():
     options = f"endpoint_override={host}:{port}&scheme=http&region=us-east-1&allow_bucket_creation=true"
     fs, _ = pyarrow.fs.FileSystem.from_uri(f"s3://testing:testing@bucket?{options}")  # moto takes any key
     fs.create_dir("bucket")
-    yield f"s3://testing:testing@bucket/prefix?{options}"
+    yield f"s3://testing:testing@bucket/{{prefix}}?{options}"
     server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_server):
+    """An empty prefix of that bucket for this test alone: moto keeps its buckets in process-wide state, so
+    another module's server would otherwise show this test the keys earlier tests wrote."""
+    import uuid
+
+    return s3_server.replace("{prefix}", f"prefix-{uuid.uuid4().hex[:12]}")
 
 
 def run_then_sigkill(argv: list[str], ready, env: dict | None = None, poll: float = 0.1, timeout: float = 300) -> None:

@@ -447,6 +447,8 @@ def finetune_pack(cfgs: list[FinetuneConfig], data: TokenizedTask, pretrained: P
                 "train_loss": float(losses[p]),
                 "lr_last": pack.optimizer.lr_last(p),
                 "metric_name": data.metric,
+                "model_type": pretrained.model_type,
+                **data.columns(),
                 **({"dev_metric": by_epoch[p][-1]} if own else {}),
                 "dev_metrics_by_epoch": list(by_epoch[p]),
                 "dev_epochs": list(dev_epochs[p]),
