@@ -62,6 +62,8 @@ COLUMNS: tuple[tuple[str, pa.DataType, str], ...] = (
     ("multiplier_low", _FLOAT, SETTING),
     ("multiplier_high", _FLOAT, SETTING),
     ("multipliers", _FLOATS, SETTING),
+    ("text_columns", _STRS, SETTING),  # a --task-file's definition: known when planned, part of the identity
+    ("label_column", _STR, SETTING),
     # Which repeat of the condition.
     ("trial_index", _INT, REPLICATE),
     ("subset_seed", _INT, REPLICATE),
@@ -108,13 +110,11 @@ COLUMNS: tuple[tuple[str, pa.DataType, str], ...] = (
     ("val_metrics_by_epoch", _FLOATS, RESULT),
     ("epochs_run", _INT, RESULT),
     ("layer_lrs", _FLOATS, RESULT),
-    # What the model and task files turned out to hold: implied by model, task and data_source (settings),
-    # and only known once a trial reported, so a trial that failed before its first report has none; as
-    # settings they would split it off into a condition of its own.
+    # What the model and task files turned out to hold: implied by the settings model, task, data_source and
+    # the task's columns, and only known once a trial reported; a trial that failed before its first report
+    # has none, so as settings they would split it off into a condition of its own.
     ("model_type", _STR, RESULT),
     ("label_names", _STRS, RESULT),
-    ("text_columns", _STRS, RESULT),
-    ("label_column", _STR, RESULT),
     ("task_file", _STR, RESULT),
     # How it ran: changes no number.
     ("eval_every", _INT, RESULT),
