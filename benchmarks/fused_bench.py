@@ -88,22 +88,23 @@ def read_sst2(data_dir: str, split: str) -> tuple[list[str], np.ndarray]:
     return [r["sentence"] for r in rows], np.array([int(r["label"]) for r in rows], dtype=np.int64)
 
 
-class Columns:
-    """The two columns tokenize_split reads, without the datasets library."""
+def tokenize_plain(texts: list[str], labels: np.ndarray, tokenizer, max_length: int):
+    """A TokenizedSplit as trainables.data.tokenize_split builds it, without the datasets library (which the
+    GPU machine lacks)."""
+    from trainables.data import TokenizedSplit
 
-    column_names = ("text_a", "label")
-
-    def __init__(self, texts, labels):
-        self.columns = {"text_a": texts, "label": labels}
-
-    def __getitem__(self, name):
-        return self.columns[name]
+    encoded = tokenizer(texts, truncation=True, max_length=max_length, return_token_type_ids=True,
+                        return_attention_mask=False)
+    offsets = np.concatenate([[0], np.cumsum([len(ids) for ids in encoded["input_ids"]])]).astype(np.int64)
+    return TokenizedSplit(input_ids=np.concatenate(encoded["input_ids"]).astype(np.int32),
+                          token_type_ids=np.concatenate(encoded["token_type_ids"]).astype(np.int8),
+                          offsets=offsets, labels=labels)
 
 
 def sst2_task(data_dir: str, tokenizer, name: str):
-    from trainables.data import TokenizedTask, tokenize_split
+    from trainables.data import TokenizedTask
 
-    splits = {s: tokenize_split(Columns(*read_sst2(data_dir, s)), tokenizer, 128) for s in ("train", "validation")}
+    splits = {s: tokenize_plain(*read_sst2(data_dir, s), tokenizer, 128) for s in ("train", "validation")}
     return TokenizedTask(task="sst2", num_labels=2, metric="accuracy", source=f"local:{data_dir}", tokenizer=name,
                          max_length=128, **splits)
 
