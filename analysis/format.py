@@ -9,7 +9,7 @@ import pandas as pd
 
 # Columns of the raw tables that the readable form folds into others or leaves to the CSV.
 _FOLDED = {"ci95_low", "ci95_high", "mean_minus_2std", "mean_plus_2std", "excluded"}
-_P_VALUES = {"spearman_p", "pearson_p"}
+_P_VALUES = {"spearman_p", "pearson_p", "wilcoxon_p"}
 _QUIET = ("keep_layernorm", "reinit_pooler", "reinit_mode")
 
 
@@ -51,7 +51,7 @@ def readable(table: pd.DataFrame, two_std: bool = False) -> pd.DataFrame:
             continue
         if column in _P_VALUES:
             out[column] = series.map(_p_value)
-        elif column in ("mean", "std", "spearman", "pearson", "baseline", "delta", "direct", "mean_val_objective"):
+        elif column in ("mean", "std", "mean_difference", "spearman", "pearson", "baseline", "delta", "direct", "mean_val_objective"):
             out[column] = series.map(_number)
         elif column in ("train_size", "n", "diverged", "failed", "k", "layer", "head", "block_start", "block_size",
                         "pairs", "permutations"):
@@ -62,11 +62,13 @@ def readable(table: pd.DataFrame, two_std: bool = False) -> pd.DataFrame:
             out[column] = series.map(lambda v: _number(v, 1))
         else:
             out[column] = series.map(lambda v: _number(v))
-        if column == "std" and "ci95_low" in table.columns:
+        # The interval goes beside the spread it comes from: a condition's std, or a paired table's mean
+        # difference (which has no std column of its own).
+        if column == ("std" if "std" in table.columns else "mean_difference") and "ci95_low" in table.columns:
             out["95% CI"] = [
                 "" if np.isnan(lo) else f"[{lo:.4f}, {hi:.4f}]" for lo, hi in zip(table["ci95_low"], table["ci95_high"])
             ]
-            if two_std:
+            if two_std and "std" in table.columns:
                 out["±2 std"] = ["" if np.isnan(s) else f"±{2 * s:.4f}" for s in table["std"].astype(float)]
     if "note" in out.columns and (out["note"] == "").all():
         out = out.drop(columns="note")

@@ -12,6 +12,7 @@ import pytest
 from scipy import stats
 
 from analysis import tables as T
+from analysis.format import readable
 from analysis.report import build_report
 from analysis.results import prepare, read_results
 from analysis.schema import REPLICATE, SCHEMA, SETTING, role
@@ -112,6 +113,10 @@ def test_paired_differences_against_the_full_model_match_scipy():
     assert (got["ci95_low"], got["ci95_high"]) == pytest.approx(
         stats.t.interval(0.95, 5, loc=differences.mean(), scale=stats.sem(differences)))
     assert got["wilcoxon_p"] == pytest.approx(stats.wilcoxon(differences).pvalue)
+    # The report shows the interval too, beside the mean difference it belongs to (the table has no std).
+    shown = readable(table[table["k"] == 2]).iloc[0]
+    assert shown["95% CI"] == f"[{got['ci95_low']:.4f}, {got['ci95_high']:.4f}]"
+    assert list(shown.index).index("95% CI") == list(shown.index).index("mean_difference") + 1
 
 
 def mixed_store(folder):
