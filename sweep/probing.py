@@ -65,7 +65,7 @@ def group_specs(specs: list[TrialSpec]) -> list[dict]:
     """The Tune trials of a probing grid, one per training subset, in the grid's order."""
     groups: dict[str, list[TrialSpec]] = {}
     for spec in specs:
-        if spec.experiment != "probing":
+        if "probe" not in dict(spec.labels):  # what makes a trial a probe, whichever experiment planned it
             raise ValueError(f"sweep.probing runs probing trials only; got a '{spec.experiment}' trial")
         groups.setdefault(group_key(spec), []).append(spec)
     return [group_config(members) for members in groups.values()]

@@ -264,3 +264,14 @@ def unfinished_cells(specs: list[TrialSpec], folder: Path | str, num_samples: in
         return list(specs)
     done = rows[rows["status"].isin(FINISHED)].groupby("cell")["trial_id"].nunique()
     return [s for s in specs if done.get(s.trial_id, 0) < num_samples]
+
+
+def plan_searches(specs: list[TrialSpec], folder, options, read: bool = True):
+    """The registry's plan for lr-multipliers (see sweep.cli.plan_trials): a spec is a cell, a study of
+    --num-samples trials, done once that many of its trials finished."""
+    from analysis.search import best_table
+
+    todo = unfinished_cells(specs, folder, options.num_samples) if read else list(specs)
+    note = (f"(trials above are cells: each is an Optuna study of --num-samples {options.num_samples} trials, "
+            f"{len(specs) * options.num_samples:,} trials in all)")
+    return todo, planned_rows(specs, options.num_samples), FINISHED, best_table, note
