@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from analysis.experiments import VIEWS
+
 SETTING, REPLICATE, RESULT = "setting", "replicate", "result"
 
 _INT, _FLOAT, _STR, _BOOL = pa.int64(), pa.float64(), pa.string(), pa.bool_()
@@ -139,6 +141,8 @@ COLUMNS: tuple[tuple[str, pa.DataType, str], ...] = (
     ("finished_at", _STR, RESULT),  # ISO 8601 with its UTC offset; compared as timestamps (results.prepare)
 )
 
+# The columns of experiments added since, each declared in its own analysis.experiments entry.
+COLUMNS += tuple((name, pa.type_for_alias(kind), SETTING) for view in VIEWS.values() for name, kind in view.new_columns)
 SCHEMA = pa.schema([pa.field(name, kind) for name, kind, _ in COLUMNS])
 ROLES = {name: role for name, _, role in COLUMNS}
 

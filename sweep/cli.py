@@ -271,8 +271,11 @@ def settings_from_args(args) -> GridSettings:
     chosen = {option.setting: values[option.dest] for option in options_of(args.experiment)
               if option.setting in fields}
     chosen = {name: tuple(v) if isinstance(v, list) else v for name, v in chosen.items()}
+    own = tuple((o.setting, tuple(values[o.dest]) if isinstance(values[o.dest], list) else values[o.dest])
+                for o in EXPERIMENTS[args.experiment].options if o.setting not in fields)
     return GridSettings(**{
         **chosen,
+        "own": own,
         "trials": parse_trials(values["trials"]),
         "data_dir": str(Path(args.data_dir).resolve()) if args.data_dir else None,
         "skip": values["skip"],

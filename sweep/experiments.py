@@ -128,6 +128,15 @@ class GridSettings:
     fractions: tuple[float, ...] = ()  # train sizes as fractions of each task's train split (see sizes_for)
     train_split_sizes: tuple[tuple[str, int], ...] = ()  # task -> train split size, for fractions
     task_sources: tuple = ()  # the user's tasks (trainables.tasks.TaskSource), usable by name in `tasks`
+    # Options only one experiment has, by name: an experiment's own option needs no field here.
+    own: tuple[tuple[str, object], ...] = ()
+
+    def option(self, name: str):
+        """An experiment's own option: given, else its declared default."""
+        given = dict(self.own)
+        if name in given:
+            return given[name]
+        return next(o.default for e in EXPERIMENTS.values() for o in e.options if o.setting == name)
 
     def trials_for(self, size: int) -> int:
         counts = dict(self.trials)

@@ -70,3 +70,23 @@ def test_a_dry_run_checks_storage_address_and_gpus(tmp_path, capsys):
     if not torch.cuda.is_available():
         assert main(["incremental", "--dry-run", "--gpus-per-trial", "1"]) == 2
         assert "--gpus-per-trial: 1 asked, but this Ray cluster has no GPU" in capsys.readouterr().err
+
+
+def test_the_readme_lists_every_experiment_with_an_example_line():
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    for name in EXPERIMENTS:
+        assert f"| `python -m sweep {name}` |" in text, name
+        assert re.search(rf"^python -m sweep {name} ", text, re.M), name
+
+
+def test_no_code_outside_the_registries_tests_an_experiments_name():
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    found = subprocess.run(["grep", "-rn", "--include=*.py", "experiment ==", "sweep", "analysis", "trainables"],
+                           cwd=root, capture_output=True, text=True).stdout
+    assert found == ""
