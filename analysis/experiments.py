@@ -39,6 +39,11 @@ VIEWS: dict[str, View] = {
     "sequential": View((*CELL, "intermediate_task")),
     "probing": View((*CELL, "probe", "layer")),
     "lr-multipliers": View((*CELL, "k", "group", "multipliers")),
+    "sublayer": View((*CELL, "reinit_mode", "sublayer", "layer"), finetunes=True, reset_column="sublayer",
+                     title="Attention or feed-forward block of one layer reinitialized",
+                     note="Only the named block of the layer (with its LayerNorm) is reinitialized; the full model "
+                          "(sublayer empty) is the same grid's baseline.", x="layer", series="sublayer",
+                     new_columns=(("sublayer", "string"),)),
 }
 
 KNOWN_EXPERIMENTS = tuple(VIEWS)

@@ -11,7 +11,7 @@ import numpy as np
 
 from sweep.grid import TrialSpec
 from sweep.options import Limits, Option, at_least, each, fraction, in_heads, in_layers, known_task, positive
-from trainables.ablations import HeadReinit, Permute, Reinit
+from trainables.ablations import SUBLAYERS, HeadReinit, Permute, Reinit, SublayerReinit
 from trainables.finetune import default_epochs
 
 # --- the experiments' own options (an option several experiments share is declared once here) -----------
@@ -57,6 +57,8 @@ GROUP = Option("--group", "layer: one multiplier per encoder layer (default); re
 VAL_FRACTION = Option("--val-fraction", "share of each training subset held out (never trained on) to measure the "
                       "search's objective; the dev split is only reported (default 0.2)", type=float, default=0.2,
                       check=fraction, bad=("1",), group=SEARCH)
+SUBLAYER_PARTS = Option("--sublayers", "which blocks of each layer to reset, one at a time (default both)",
+                        nargs="+", default=SUBLAYERS, choices=SUBLAYERS, bad=("pooler",))
 PROBING = "probing (the frozen model, a probe per layer 0..L; `--layers` picks some)"
 PROBE_LAYERS = dataclasses.replace(LAYERS, help="layers 0..L to probe (0: the embeddings; default all)",
                                    check=each(in_layers(0)), bad=("-1",))
@@ -378,6 +380,20 @@ def search_problems(settings: GridSettings, limits: Limits) -> list[str]:
     return []
 
 
+def sublayer(settings: GridSettings, num_layers: int, num_heads: int | None = None) -> list[TrialSpec]:
+    """Only the attention block or only the feed-forward block of one layer reinitialized, over layer x block,
+    plus the full model (layer and sublayer null) per task, size and trial."""
+    layers = settings.layers or tuple(range(1, num_layers + 1))
+    specs = []
+    for task, n, t in settings.cells():
+        specs.append(trial(settings, "sublayer", task, n, t, settings.reinit([]), {"layer": None, "sublayer": None}))
+        for layer in layers:
+            for part in settings.option("sublayers"):
+                ablation = SublayerReinit((layer,), part, mode=settings.reinit_mode)
+                specs.append(trial(settings, "sublayer", task, n, t, ablation, {"layer": layer, "sublayer": part}))
+    return specs
+
+
 @dataclasses.dataclass(frozen=True)
 class Experiment:
     build: Callable[..., list[TrialSpec]]  # (settings, num_layers, num_heads) -> the grid
@@ -448,4 +464,7 @@ EXPERIMENTS: dict[str, Experiment] = {
                                   "demo": dict(sizes=[500], trials=["1"], k=[0, 3])},
                                  runner="sweep.search:run_searches", problems=search_problems,
                                  plan="sweep.search:plan_searches"),
+    "sublayer": Experiment(sublayer, "only the attention or only the feed-forward block of one layer reinitialized",
+                           (LAYERS, SUBLAYER_PARTS), {"paper": dict(_PAPER_5K, trials=["3"]),
+                                                      "demo": dict(trials=["1"], layers=[1, 6])}),
 }

@@ -204,13 +204,67 @@ def _(ablation: HeadReinit, model: nn.Module, seed: int) -> nn.Module:
     return model
 
 
+SUBLAYERS = ("attention", "feed-forward")
+
+
+@dataclasses.dataclass(frozen=True)
+class SublayerReinit:
+    """Reinitialize one block of each given layer (1-based): its attention (query, key, value and output
+    projections, and DeBERTa's own relative-position projections) or its feed-forward block, each with the
+    LayerNorm that follows it (kept with keep_layernorm). The rest of the layer stays pretrained."""
+
+    layers: tuple[int, ...]
+    sublayer: str
+    mode: str = "intended"
+    keep_layernorm: bool = False
+
+    def __post_init__(self):
+        if self.mode not in REINIT_MODES:
+            raise ValueError(f"reinit_mode '{self.mode}' is not one of {', '.join(REINIT_MODES)}")
+        if self.sublayer not in SUBLAYERS:
+            raise ValueError(f"sublayer '{self.sublayer}' is not one of {', '.join(SUBLAYERS)}")
+        object.__setattr__(self, "layers", tuple(sorted(set(int(i) for i in self.layers))))
+
+    def columns(self) -> dict:
+        # No whole layer is new: reinit_layers stays empty, so learning-rate multipliers leave it alone.
+        return {"reinit_layers": [], "reinit_mode": self.mode, "keep_layernorm": self.keep_layernorm,
+                "reinit_pooler": False}
+
+
+@apply_ablation.register
+def _(ablation: SublayerReinit, model: nn.Module, seed: int) -> nn.Module:
+    stack = layer_stack(model)
+    bad = [i for i in ablation.layers if not 1 <= i <= len(stack)]
+    if bad:
+        raise ValueError(f"sublayer layers {bad} are outside 1..{len(stack)} for this {len(stack)}-layer model")
+    fam = family(model.config)
+    part = SUBLAYERS.index(ablation.sublayer)
+    for i in ablation.layers:
+        layer = stack[i - 1]
+        if part == 0:
+            inputs, output = attention_projections(model, layer)
+            modules = [*inputs, output]
+        else:
+            modules = [layer.get_submodule(path) for path in fam.feed_forward]
+        modules.append(layer.get_submodule(fam.layer_norms[part]))
+        # Its own stream per (layer, block): the attention draw is the same whether or not the feed-forward
+        # block of that layer is reset too.
+        generator = layer_generator(seed, SUBLAYER_STREAM + 10 * i + part)
+        for module in modules:
+            reinit_module(module, ablation.mode, ablation.keep_layernorm, generator)
+    return model
+
+
+SUBLAYER_STREAM = 0x5B1A0000
+
+
 def reinitialized_layers(ablation) -> tuple[int, ...]:
     """The layers (1-based) an ablation replaced with fresh weights: those a learning-rate multiplier scales."""
     return tuple(ablation.columns()["reinit_layers"])
 
 
 # The ablations a trial config may name; the dict form is what travels in Ray configs and Parquet rows.
-ABLATIONS = {"reinit": Reinit, "permute": Permute, "head": HeadReinit}
+ABLATIONS = {"reinit": Reinit, "permute": Permute, "head": HeadReinit, "sublayer": SublayerReinit}
 
 
 def ablation_to_dict(ablation) -> dict:
