@@ -44,6 +44,9 @@ VIEWS: dict[str, View] = {
                      note="Only the named block of the layer (with its LayerNorm) is reinitialized; the full model "
                           "(sublayer empty) is the same grid's baseline.", x="layer", series="sublayer",
                      new_columns=(("sublayer", "string"),)),
+    "alternate": View((*CELL, "reinit_mode", "parity"), finetunes=True,
+                      title="Every other layer reinitialized (odd or even layers)", x="parity",
+                      new_columns=(("parity", "string"),)),
 }
 
 KNOWN_EXPERIMENTS = tuple(VIEWS)

@@ -59,6 +59,8 @@ VAL_FRACTION = Option("--val-fraction", "share of each training subset held out 
                       check=fraction, bad=("1",), group=SEARCH)
 SUBLAYER_PARTS = Option("--sublayers", "which blocks of each layer to reset, one at a time (default both)",
                         nargs="+", default=SUBLAYERS, choices=SUBLAYERS, bad=("pooler",))
+PARITIES = Option("--parities", "odd: layers 1, 3, 5, ... reset; even: 2, 4, 6, ... (default both)", nargs="+",
+                  default=("odd", "even"), choices=("odd", "even"), bad=("third",))
 PROBING = "probing (the frozen model, a probe per layer 0..L; `--layers` picks some)"
 PROBE_LAYERS = dataclasses.replace(LAYERS, help="layers 0..L to probe (0: the embeddings; default all)",
                                    check=each(in_layers(0)), bad=("-1",))
@@ -394,6 +396,18 @@ def sublayer(settings: GridSettings, num_layers: int, num_heads: int | None = No
     return specs
 
 
+def alternate(settings: GridSettings, num_layers: int, num_heads: int | None = None) -> list[TrialSpec]:
+    """Every other layer reinitialized: the odd layers (1, 3, ...) or the even ones (2, 4, ...), as the
+    original authors' code could."""
+    first = {"odd": 1, "even": 2}
+    return [
+        trial(settings, "alternate", task, n, t, settings.reinit(range(first[parity], num_layers + 1, 2)),
+              {"parity": parity})
+        for task, n, t in settings.cells()
+        for parity in settings.option("parities")
+    ]
+
+
 @dataclasses.dataclass(frozen=True)
 class Experiment:
     build: Callable[..., list[TrialSpec]]  # (settings, num_layers, num_heads) -> the grid
@@ -467,4 +481,6 @@ EXPERIMENTS: dict[str, Experiment] = {
     "sublayer": Experiment(sublayer, "only the attention or only the feed-forward block of one layer reinitialized",
                            (LAYERS, SUBLAYER_PARTS), {"paper": dict(_PAPER_5K, trials=["3"]),
                                                       "demo": dict(trials=["1"], layers=[1, 6])}),
+    "alternate": Experiment(alternate, "every other layer reinitialized: the odd ones or the even ones", (PARITIES,),
+                            {"paper": dict(_PAPER_5K, trials=["3"]), "demo": dict(trials=["1"])}),
 }

@@ -181,6 +181,12 @@ def make_records(seed: int = 0) -> list[dict]:
                 for part, shift in (("attention", -0.01), ("feed-forward", -0.02)):
                     rows.append(_row(rng, "sublayer", task, 5000, t, [], metric=metric, layer=layer, sublayer=part,
                                      value=base + shift * (layer == 1) + rng.normal(0, 0.005)))
+    # every other layer reset
+    for task in ("sst2", "cola"):
+        for t in range(2):
+            for parity, first in (("odd", 1), ("even", 2)):
+                rows.append(_row(rng, "alternate", task, 5000, t, range(first, L + 1, 2), metric=TASKS[task],
+                                 value=_curve(TASKS[task], 0.5, 5000) + rng.normal(0, 0.01), parity=parity))
     # an experiment no table knows: still reported
     for t in range(2):
         rows.append(_row(rng, "mystery", "sst2", 500, t, [1], metric=TASKS["sst2"], value=0.8 + 0.01 * t))
