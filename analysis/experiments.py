@@ -47,6 +47,10 @@ VIEWS: dict[str, View] = {
     "alternate": View((*CELL, "reinit_mode", "parity"), finetunes=True,
                       title="Every other layer reinitialized (odd or even layers)", x="parity",
                       new_columns=(("parity", "string"),)),
+    "scratch": View((*CELL, "reinit_mode"), finetunes=True,
+                    title="From scratch: every layer and the embeddings reinitialized",
+                    note="The floor: against incremental k = 0 (embeddings only, the reference lines), what the "
+                         "pretrained embeddings alone carry.", new_columns=(("reinit_embeddings", "bool"),)),
 }
 
 KNOWN_EXPERIMENTS = tuple(VIEWS)

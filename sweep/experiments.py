@@ -11,7 +11,7 @@ import numpy as np
 
 from sweep.grid import TrialSpec
 from sweep.options import Limits, Option, at_least, each, fraction, in_heads, in_layers, known_task, positive
-from trainables.ablations import SUBLAYERS, HeadReinit, Permute, Reinit, SublayerReinit
+from trainables.ablations import SUBLAYERS, HeadReinit, Permute, Reinit, Scratch, SublayerReinit
 from trainables.finetune import default_epochs
 
 # --- the experiments' own options (an option several experiments share is declared once here) -----------
@@ -408,6 +408,12 @@ def alternate(settings: GridSettings, num_layers: int, num_heads: int | None = N
     ]
 
 
+def scratch(settings: GridSettings, num_layers: int, num_heads: int | None = None) -> list[TrialSpec]:
+    """The floor: every layer and the embeddings reinitialized (incremental k = 0 keeps the embeddings)."""
+    ablation = Scratch(tuple(range(1, num_layers + 1)), settings.reinit_mode, settings.reinit_pooler)
+    return [trial(settings, "scratch", task, n, t, ablation) for task, n, t in settings.cells()]
+
+
 @dataclasses.dataclass(frozen=True)
 class Experiment:
     build: Callable[..., list[TrialSpec]]  # (settings, num_layers, num_heads) -> the grid
@@ -483,4 +489,6 @@ EXPERIMENTS: dict[str, Experiment] = {
                                                       "demo": dict(trials=["1"], layers=[1, 6])}),
     "alternate": Experiment(alternate, "every other layer reinitialized: the odd ones or the even ones", (PARITIES,),
                             {"paper": dict(_PAPER_5K, trials=["3"]), "demo": dict(trials=["1"])}),
+    "scratch": Experiment(scratch, "every layer and the embeddings reinitialized: the floor",
+                          presets={"paper": dict(_PAPER_5K, trials=["3"]), "demo": dict(trials=["1"])}),
 }

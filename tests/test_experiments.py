@@ -24,6 +24,7 @@ PAPER_COUNTS = {
     "probing": "total: 312 trials",  # the paper's full training splits: 3 tasks x 13 layers (0..12) x 8 trials
     "sublayer": "total: 225 trials",  # 3 tasks x (12 layers x 2 blocks + the full model) x 3 trials at 5k
     "alternate": "total: 18 trials",  # 3 tasks x 2 parities x 3 trials at 5k
+    "scratch": "total: 9 trials",  # 3 tasks x 3 trials at 5k
 }
 
 

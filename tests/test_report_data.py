@@ -187,6 +187,11 @@ def make_records(seed: int = 0) -> list[dict]:
             for parity, first in (("odd", 1), ("even", 2)):
                 rows.append(_row(rng, "alternate", task, 5000, t, range(first, L + 1, 2), metric=TASKS[task],
                                  value=_curve(TASKS[task], 0.5, 5000) + rng.normal(0, 0.01), parity=parity))
+    # everything reset, the embeddings too
+    for task in ("sst2", "cola"):
+        for t in range(2):
+            rows.append(_row(rng, "scratch", task, 5000, t, range(1, L + 1), metric=TASKS[task],
+                             value=_curve(TASKS[task], 0.0, 5000) - 0.01 + rng.normal(0, 0.01), reinit_embeddings=True))
     # an experiment no table knows: still reported
     for t in range(2):
         rows.append(_row(rng, "mystery", "sst2", 500, t, [1], metric=TASKS["sst2"], value=0.8 + 0.01 * t))

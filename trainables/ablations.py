@@ -258,13 +258,58 @@ def _(ablation: SublayerReinit, model: nn.Module, seed: int) -> nn.Module:
 SUBLAYER_STREAM = 0x5B1A0000
 
 
+@dataclasses.dataclass(frozen=True)
+class Scratch:
+    """Every layer as Reinit draws it, and every other pretrained part of the encoder but the pooler too:
+    the embeddings (word, position, token type, their LayerNorm; ELECTRA's projection; DeBERTa's relative
+    positions), drawn as BERT initializes them (N(0, 0.02) truncated, padding rows zero, LayerNorm the
+    identity). Nothing pretrained is left but the tokenizer (and the pooler, unless reinit_pooler). In
+    paper-code mode the layers are drawn as the original code drew them; the rest, which that code never
+    reset, as intended."""
+
+    layers: tuple[int, ...]
+    mode: str = "intended"
+    reinit_pooler: bool = False
+
+    def __post_init__(self):
+        if self.mode not in REINIT_MODES:
+            raise ValueError(f"reinit_mode '{self.mode}' is not one of {', '.join(REINIT_MODES)}")
+        object.__setattr__(self, "layers", tuple(sorted(set(int(i) for i in self.layers))))
+
+    def columns(self) -> dict:
+        return {"reinit_layers": list(self.layers), "reinit_mode": self.mode, "keep_layernorm": False,
+                "reinit_pooler": self.reinit_pooler, "reinit_embeddings": True}
+
+
+EMBEDDINGS_STREAM = 0xE3B  # keeps the embeddings' draw apart from every layer's (layers use 0..L)
+
+
+@apply_ablation.register
+def _(ablation: Scratch, model: nn.Module, seed: int) -> nn.Module:
+    # The layers get the very draws of Reinit (incremental k = 0): the two differ in the embeddings alone.
+    apply_ablation(Reinit(ablation.layers, ablation.mode, reinit_pooler=ablation.reinit_pooler), model, seed)
+    base = getattr(model, "base_model", model)
+    found = pooler(model)
+    done = {id(p) for part in (layer_stack(model), found) if part is not None for p in part.parameters()}
+    generator = layer_generator(seed, EMBEDDINGS_STREAM)
+    with torch.no_grad():
+        for module in base.modules():
+            if any(id(p) not in done for p in module.parameters(recurse=False)):
+                reinit_module(module, "intended", keep_layernorm=False, generator=generator)
+                done |= {id(p) for p in module.parameters()}
+                if isinstance(module, nn.Embedding) and module.padding_idx is not None:
+                    module.weight[module.padding_idx].zero_()
+    return model
+
+
 def reinitialized_layers(ablation) -> tuple[int, ...]:
     """The layers (1-based) an ablation replaced with fresh weights: those a learning-rate multiplier scales."""
     return tuple(ablation.columns()["reinit_layers"])
 
 
 # The ablations a trial config may name; the dict form is what travels in Ray configs and Parquet rows.
-ABLATIONS = {"reinit": Reinit, "permute": Permute, "head": HeadReinit, "sublayer": SublayerReinit}
+ABLATIONS = {"reinit": Reinit, "permute": Permute, "head": HeadReinit, "sublayer": SublayerReinit,
+             "scratch": Scratch}
 
 
 def ablation_to_dict(ablation) -> dict:
