@@ -25,7 +25,7 @@ from analysis.stats import condition_columns, condition_table, correlation, spli
 # Experiments this module knows, what keeps their conditions apart and which finetune with parts reset:
 # analysis.experiments, one entry each; rows of any other experiment still get a table (`other_table`), so
 # nothing a sweep wrote is silently dropped.
-from analysis.experiments import (  # noqa: E402,F401
+from trialrows.experiments import (  # noqa: E402,F401
     EXPERIMENT_COLUMNS, FINETUNE_EXPERIMENTS, KNOWN_EXPERIMENTS, RESET_COLUMNS, VIEWS,
 )
 

@@ -580,8 +580,8 @@ def run(todo: list[TrialSpec], settings: GridSettings, args, folder: Path, pretr
 
 def report(folder: Path, grid_ids: set[str], table=None) -> int:
     """Counts the rows of `grid_ids` and prints `table` of them (default: the per-condition summary)."""
-    from analysis.results import read_results
-    from analysis.stats import condition_table
+    from trialrows.read import read_results
+    from trialrows.summaries import condition_table
 
     rows = read_results(folder)
     rows = rows[rows["trial_id"].isin(grid_ids)]

@@ -254,7 +254,7 @@ def unfinished_cells(specs: list[TrialSpec], folder: Path | str, num_samples: in
     """The cells whose study has fewer than `num_samples` finished rows."""
     import pyarrow.fs
 
-    from analysis.results import read_results
+    from trialrows.read import read_results
 
     fs, path = filesystem(folder)
     if not fs.get_file_info(path).type == pyarrow.fs.FileType.Directory:
@@ -269,7 +269,7 @@ def unfinished_cells(specs: list[TrialSpec], folder: Path | str, num_samples: in
 def plan_searches(specs: list[TrialSpec], folder, options, read: bool = True):
     """The registry's plan for lr-multipliers (see sweep.cli.plan_trials): a spec is a cell, a study of
     --num-samples trials, done once that many of its trials finished."""
-    from analysis.search import best_table
+    from trialrows.summaries import best_table
 
     todo = unfinished_cells(specs, folder, options.num_samples) if read else list(specs)
     note = (f"(trials above are cells: each is an Optuna study of --num-samples {options.num_samples} trials, "
