@@ -39,6 +39,7 @@ class Plot:
     caption: str
     function: str  # the analysis.figures function that made it
     title: str = ""
+    arguments: str = ""  # what that function takes after the rows, as Python source
 
 
 # --- helpers ------------------------------------------------------------------------------------------
@@ -659,8 +660,18 @@ FIGURES = (
 
 
 def all_figures(rows: pd.DataFrame) -> list[Plot]:
-    """Every figure the rows support, in paper order."""
-    return [plot for make in FIGURES for plot in make(rows)]
+    """Every figure the rows support, in paper order, then those of analysis.experiments' own entries."""
+    from analysis import experiments as E
+
+    return [*(plot for make in FIGURES for plot in make(rows)),
+            *(plot for name in E.GENERIC for plot in E.figure(rows, name))]
+
+
+def experiment_figure(rows: pd.DataFrame, experiment: str) -> list[Plot]:
+    """The figure of an experiment made from its analysis.experiments entry alone."""
+    from analysis import experiments as E
+
+    return E.figure(rows, experiment)
 
 
 def probing_figure(rows: pd.DataFrame) -> list[Plot]:

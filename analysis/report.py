@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import html
 import shlex
 from pathlib import Path
@@ -17,6 +18,7 @@ from pathlib import Path
 import matplotlib
 import pandas as pd
 
+from analysis import experiments as E
 from analysis import figures as F
 from analysis import format as fmt
 from analysis import search as S
@@ -85,6 +87,8 @@ TABLES = (
               note="PED-ANOVA (optuna.importance.PedAnovaImportanceEvaluator, deterministic: no random draw) on "
                    "each cell's completed trials (study rebuilt from the rows): how much each multiplier explains "
                    "of the top 10% of the validation objective."),
+    *(TableSpec(name, E.VIEWS[name].title, functools.partial(E.table, experiment=name), note=E.VIEWS[name].note)
+      for name in E.GENERIC),
     TableSpec("other", "Other experiments", T.other_table,
               note="Experiments without a dedicated table: the generic per-condition summary."),
 )
@@ -152,7 +156,7 @@ def build_report(results, out, *, latex: bool = False, formats=("png", "pdf"), c
         if latex:
             stem.with_suffix(".tex").write_text(fmt.to_latex(readable, caption=spec.title, label=f"tab:{spec.name}"))
             files.append(f"tables/{spec.name}.tex")
-        api = f"{spec.function.__module__}.{spec.function.__name__}({load})"
+        api = _api(spec.function, load)
         items.append(Item("table", spec.name, spec.title, files, api,
                           spec.note, readable, len(table)))
     for plot in [*F.all_figures(rows), *F.probing_figure(rows)]:  # probing beside finetuning, when probed
@@ -163,11 +167,19 @@ def build_report(results, out, *, latex: bool = False, formats=("png", "pdf"), c
                 plot.figure.savefig(path, dpi=dpi, bbox_inches="tight")  # legends below narrow figures stay whole
             files.append(f"figures/{plot.name}.{ext}")
         items.append(Item("figure", plot.name, plot.title or plot.name, files,
-                          f"analysis.figures.{plot.function}({load})", plot.caption))
+                          f"analysis.figures.{plot.function}({load}{plot.arguments})", plot.caption))
     report = Report(out, command, _header(results, raw, rows), items)
     (out / "index.md").write_text(index_markdown(report))
     (out / "index.html").write_text(index_html(report))
     return report
+
+
+def _api(function, load: str) -> str:
+    """The Python call that makes a table."""
+    if isinstance(function, functools.partial):
+        arguments = "".join(f", {k}={v!r}" for k, v in function.keywords.items())
+        return f"{function.func.__module__}.{function.func.__name__}({load}{arguments})"
+    return f"{function.__module__}.{function.__name__}({load})"
 
 
 def _header(results, raw: pd.DataFrame, rows: pd.DataFrame) -> list[str]:

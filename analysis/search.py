@@ -14,70 +14,13 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis.results import as_list
+from trialrows.read import as_list
 
-CELL_COLUMNS = ["cell", "task", "model", "train_size", "k", "group", "metric_name"]
-BEST_COLUMNS = [*CELL_COLUMNS, "trials", "completed", "pruned", "failed", "baseline_val", "baseline_dev",
-                "best_sample", "best_multipliers", "best_val", "best_dev", "dev_delta"]
+from trialrows.summaries import (  # noqa: E402,F401
+    BEST_COLUMNS, CELL_COLUMNS, _is_baseline, _multipliers_text, best_table, search_rows,
+)
+
 IMPORTANCE_COLUMNS = [*CELL_COLUMNS, "param", "importance", "completed", "note"]
-
-
-def search_rows(rows: pd.DataFrame) -> pd.DataFrame:
-    """The lr-multipliers rows, with the columns this module reads (rows written before a column existed
-    read as: trial order by row, one multiplier per layer, the range the multipliers span)."""
-    if rows.empty or "experiment" not in rows.columns or "multipliers" not in rows.columns:
-        return rows.iloc[0:0]
-    picked = rows[rows["experiment"] == "lr-multipliers"].copy()
-    defaults = {"cell": picked.get("trial_id"), "sample": np.arange(len(picked)), "group": "layer", "k": pd.NA,
-                "val_objective": np.nan, "val_metrics_by_epoch": None, "dev_metric": np.nan}
-    # A column every row leaves null is one the rows were written before (the schema holds every column).
-    for column, value in defaults.items():
-        if column not in picked.columns or picked[column].isna().all():
-            picked[column] = value
-    spread = picked["multipliers"].map(lambda v: as_list(v) or [np.nan])
-    for column, edge in (("multiplier_low", min), ("multiplier_high", max)):
-        if column not in picked.columns or picked[column].isna().all():
-            picked[column] = spread.map(edge).groupby(picked["cell"]).transform(edge)
-    return picked
-
-
-def _multipliers_text(value) -> str:
-    return " ".join(f"{m:.3g}" for m in as_list(value))
-
-
-def _is_baseline(value) -> bool:
-    values = as_list(value)
-    return bool(values) and all(m == 1.0 for m in values)
-
-
-def best_table(rows: pd.DataFrame) -> pd.DataFrame:
-    """Per cell: the best completed trial by the validation objective, its multipliers (layers 1..L) and dev
-    metric, against the baseline trial of the same cell (every multiplier 1; same subset, seed and held-out
-    part, so the difference is the multipliers' alone). `dev_delta` = best_dev - baseline_dev."""
-    picked = search_rows(rows)
-    if picked.empty:
-        return pd.DataFrame(columns=BEST_COLUMNS)
-    records = []
-    for cell, group in picked.groupby("cell", sort=False):
-        first = group.iloc[0]
-        completed = group[(group["status"] == "ok") & group["val_objective"].notna()]
-        baseline = group[group["multipliers"].map(_is_baseline) & (group["status"] == "ok")]
-        record = {column: first.get(column) for column in CELL_COLUMNS}
-        record.update(
-            trials=len(group), completed=len(completed), pruned=int((group["status"] == "pruned").sum()),
-            failed=int(group["status"].isin(["error", "diverged"]).sum()),
-            baseline_val=baseline["val_objective"].iloc[0] if len(baseline) else np.nan,
-            baseline_dev=baseline["dev_metric"].iloc[0] if len(baseline) else np.nan,
-        )
-        if len(completed):
-            # Ties go to the earliest trial (the baseline is trial 0): a search must beat it to count.
-            best = completed.sort_values(["val_objective", "sample"], ascending=[False, True]).iloc[0]
-            record.update(best_sample=int(best["sample"]), best_multipliers=_multipliers_text(best["multipliers"]),
-                          best_val=best["val_objective"], best_dev=best["dev_metric"])
-        records.append(record)
-    table = pd.DataFrame.from_records(records, columns=BEST_COLUMNS)
-    table["dev_delta"] = table["best_dev"] - table["baseline_dev"]
-    return table.sort_values(["task", "model", "train_size", "k", "group"]).reset_index(drop=True)
 
 
 def search_params(row) -> dict[str, float]:

@@ -22,14 +22,12 @@ from analysis.results import CORE_COLUMNS, as_list
 from analysis.schema import settings
 from analysis.stats import condition_columns, condition_table, correlation, split_settings, summarize
 
-# Experiments this module knows (docs/results-schema.md); rows of any other experiment still get a table
-# (`other_table`), so nothing a sweep wrote is silently dropped.
-KNOWN_EXPERIMENTS = (
-    "incremental", "layernorm", "reinit-lr", "localized", "single-layer", "permutation", "heads",
-    "sequential", "probing", "lr-multipliers",
-)  # fmt: skip
-# Experiments whose rows finetune the whole model from pretrained weights with some layers reset.
-FINETUNE_EXPERIMENTS = ("incremental", "layernorm", "reinit-lr", "localized", "single-layer", "heads")
+# Experiments this module knows, what keeps their conditions apart and which finetune with parts reset:
+# analysis.experiments, one entry each; rows of any other experiment still get a table (`other_table`), so
+# nothing a sweep wrote is silently dropped.
+from trialrows.experiments import (  # noqa: E402,F401
+    EXPERIMENT_COLUMNS, FINETUNE_EXPERIMENTS, KNOWN_EXPERIMENTS, RESET_COLUMNS, VIEWS,
+)
 
 TASK_ORDER = ["sst2", "qnli", "cola", "mnli", "qqp", "rte", "mrpc", "stsb", "wnli", "squad", "squad_v2", "synthetic"]
 TASK_NAMES = {
@@ -44,25 +42,12 @@ METRIC_NAMES = {
 
 SUMMARY_COLUMNS = ["n", "excluded", "diverged", "failed", "mean", "std", "ci95_low", "ci95_high",
                    "mean_minus_2std", "mean_plus_2std", "note"]
-# What each experiment's own table keeps apart; any other setting that varies is a mixed setting (it is
-# kept apart too, and the report says so).
-EXPERIMENT_COLUMNS = {
-    "incremental": ["task", "model", "train_size", "reinit_mode", "k"],
-    "layernorm": ["task", "model", "train_size", "reinit_mode", "keep_layernorm", "k"],
-    "reinit-lr": ["task", "model", "train_size", "reinit_mode", "lr_multiplier", "k"],
-    "localized": ["task", "model", "train_size", "reinit_mode", "block_mode", "block_size", "block_start"],
-    "single-layer": ["task", "model", "train_size", "reinit_mode", "layer"],
-    "permutation": ["task", "model", "train_size", "permutation"],
-    "heads": ["task", "model", "train_size", "reinit_mode", "layer", "head"],
-    "sequential": ["task", "model", "train_size", "intermediate_task"],
-    "probing": ["task", "model", "train_size", "probe", "layer"],
-    "lr-multipliers": ["task", "model", "train_size", "k", "group", "multipliers"],
-}
 # Settings that change nothing when no layer, head or pooler is reset: every such row of one task, model,
 # size, training recipe and trial index is the same computation (the full model), whichever experiment or
 # reinit mode ran it.
 FULL_MODEL_NEUTRAL = ("experiment", "k", "reinit_layers", "reinit_mode", "keep_layernorm", "lr_multiplier",
-                      "layer", "head", "block_mode", "block_start", "block_size", "permutation")
+                      "layer", "head", "block_mode", "block_start", "block_size", "permutation",
+                      *(name for view in VIEWS.values() for name, _ in view.new_columns))
 PAIR_COLUMNS = ("trial_index", "subset_seed", "seed")  # what the conditions of one trial index share
 # Columns the tables make (never row settings), so figures do not split by them.
 MADE_COLUMNS = (*SUMMARY_COLUMNS, "block", "baseline", "delta", "direct", "source", "reference", "trials",
@@ -140,8 +125,9 @@ def num_layers(rows: pd.DataFrame) -> dict:
 def _full_model_mask(rows: pd.DataFrame) -> pd.Series:
     """Rows that finetune the whole pretrained model with nothing reset or reordered."""
     mask = rows["experiment"].isin(FINETUNE_EXPERIMENTS) & rows["reinit_layers"].map(_no_items)
-    if "head" in rows.columns:
-        mask &= rows["head"].isna()
+    for column in RESET_COLUMNS:  # a head or block reset where this column is set
+        if column in rows.columns:
+            mask &= rows[column].isna()
     if "permutation" in rows.columns:
         mask &= rows["permutation"].map(_no_items)
     if "reinit_pooler" in rows.columns:

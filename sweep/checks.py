@@ -36,6 +36,23 @@ def storage_problems(storage: str) -> list[str]:
     return []
 
 
+def storage_access_problems(storage: str) -> list[str]:
+    """storage_problems without writing (for a dry run): whether the file system lets this user write where
+    the folders would be made. A URI's store is reached only by a real run."""
+    if "://" in storage:
+        return []
+    path = Path(storage).expanduser().absolute()
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        return [f"--storage: '{storage}' cannot be created: {existing} is a file, not a folder"]
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return [f"--storage: '{storage}' is not writable ({existing} does not let this user write); give a folder "
+                "you can write to, or an s3:// / gs:// URI"]
+    return []
+
+
 def _uri_storage_problems(storage: str) -> list[str]:
     from sweep.store import filesystem
 

@@ -8,8 +8,10 @@ import sys
 import time
 from pathlib import Path
 
-from sweep.checks import address_problems, cannot_start, data_dir_problems, gpu_problems, storage_problems
-from sweep.experiments import EXPERIMENTS, GridSettings
+from sweep.checks import (address_problems, cannot_start, data_dir_problems, gpu_problems, storage_access_problems,
+                          storage_problems)
+from sweep.experiments import EXPERIMENTS, PROBES, GridSettings
+from sweep.options import Limits, Option, at_least, each, known_task, non_negative, parse_groups, positive
 from sweep.grid import TrialSpec, data_key
 from sweep.packs import parse_pack
 from sweep.runner import CHECKPOINT_EVERY
@@ -32,8 +34,9 @@ PRESETS = {
     ),
 }
 
-# Layer and head counts of the paper's models, so that `--preset paper --dry-run` counts its grid offline.
-KNOWN_SHAPES = {"bert-base-uncased": (12, 12), "bert-base-cased": (12, 12), "bert-large-uncased": (24, 16)}
+# Layer, head and position counts of the paper's models, so that `--preset paper --dry-run` counts its grid offline.
+KNOWN_SHAPES = {"bert-base-uncased": (12, 12, 512), "bert-base-cased": (12, 12, 512),
+                "bert-large-uncased": (24, 16, 512)}
 # GLUE's train split sizes (the hub's nyu-mll/glue), so that a dry run of sizes given as --fractions (the
 # probing paper preset: full splits) counts offline too.
 KNOWN_TRAIN_SIZES = {"sst2": 67349, "cola": 8551, "qnli": 104743, "rte": 2490, "mrpc": 3668, "stsb": 5749,
@@ -58,124 +61,167 @@ def parse_trials(values: list[str]) -> tuple[tuple[int, int], ...]:
     return tuple(counts)
 
 
+def _storage_help() -> str:
+    return ("where rows, logs and checkpoints go: a folder (default ./results; on a cluster one every node sees) or "
+            "a URI: s3://bucket/prefix, gs://bucket/prefix, file:///path")
+
+
+def _gpus(gpus, _) -> list[str]:
+    if 0 <= gpus <= 1 or (gpus > 1 and float(gpus).is_integer()):
+        return []
+    return [f"{gpus} must be a share of one GPU in [0, 1] (e.g. 0.25) or a whole number of GPUs"]
+
+
+def _max_length(length, limits) -> list[str]:
+    if length >= 1 and (limits.max_positions is None or length <= limits.max_positions):
+        return []
+    most = f"1..{limits.max_positions}: {limits.model} has {limits.max_positions} positions" \
+        if limits.max_positions else "at least 1"
+    return [f"{length} is outside {most}"]
+
+
+def _name(name, _) -> list[str]:
+    if name not in ("", ".", "..") and "/" not in name and "\\" not in name:
+        return []
+    return [f"'{name}' must be one folder name (no '/', not '.' or '..'), made under --storage"]
+
+
+def _sizes(size, _) -> list[str]:
+    return [] if size > 0 else [f"{size} is not a positive number of training examples"]
+
+
+def _fractions(f, _) -> list[str]:
+    return [] if 0 < f <= 1 else [f"{f} is outside (0, 1]; give a share of the train split"]
+
+
+def _trials(value, _) -> list[str]:
+    try:
+        parse_trials([value])
+    except SystemExit as err:
+        return [str(err.code).partition(": ")[2]]
+    return []
+
+
+TASK = "your own task (use its NAME in --tasks)"
+TRAIN, RUN = "finetuning", "running"
+# Every experiment's options; each experiment adds its own (sweep.experiments).
+COMMON_OPTIONS = (
+    Option("--model", "hub name, local folder, or 'minilm' (the offline MiniLM package)", bad=("/no/such/model",)),
+    Option("--tasks", "GLUE names (sst2 cola qnli rte mrpc stsb wnli), squad_v2 (question answering), synthetic, or "
+           "a --task-file NAME", nargs="+", check=each(known_task), bad=("nope",)),
+    Option("--data-dir", "a local GLUE folder (SST-2/train.tsv, ...; for squad_v2 the official train-v2.0.json and "
+           "dev-v2.0.json); default: the hub", bad=("/no/such/folder",)),  # checked with the tasks (data_dir_problems)
+    Option("--task-file", "define task NAME from a folder holding a train and a dev file (.csv, .tsv, .jsonl or "
+           ".parquet), or from a hub dataset: NAME=hub:DATASET[:CONFIG]", nargs="+", metavar="NAME=DIR",
+           bad=("own=/no/such/folder",), group=TASK),  # checked with its columns (task_file_problems)
+    Option("--text-columns", "the text column, or two for a pair", nargs="+", metavar="COLUMN", bad=("a", "b", "c"),
+           group=TASK),
+    Option("--label-column", "class names (strings or integers), or numbers for regression", metavar="COLUMN",
+           bad=("label",), group=TASK),  # refused without --task-file
+    Option("--splits", "file names without suffix, or hub split names (default: train dev; hub: train validation)",
+           nargs=2, metavar=("TRAIN", "DEV"), bad=("train", "dev"), group=TASK),  # refused without --task-file
+    Option("--metric", "headline metric: accuracy, macro_f1, f1 (two classes), matthews_correlation, or pearson, "
+           "spearman (regression); default: accuracy for classes (macro_f1 reported too), pearson for numbers "
+           "(spearman too)", bad=("accuracy",), group=TASK),  # refused without --task-file
+    Option("--sizes", "training subset sizes", type=int, nargs="+", check=each(_sizes), bad=("0",)),
+    Option("--trials", "trials per size: N, or SIZE=N items (e.g. 500=50 3)", nargs="+", check=each(_trials),
+           bad=("0",)),
+    Option("--fractions", "subset sizes as fractions of each task's train split, in (0, 1] (e.g. 0.01 0.1 1.0); "
+           "replaces the preset's --sizes unless --sizes is given too", type=float, nargs="+", check=each(_fractions),
+           bad=("0",)),
+    Option("--seed", "base seed: trial i's subset and model seeds are drawn from (seed, i), so sweeps with different "
+           "--seed share no subset, weight draw or batch order (default 0)", type=int, default=0,
+           check=at_least(0), bad=("-1",)),
+    Option("--epochs", "default: 5 for subsets of <=500 examples, else 3", type=int, check=at_least(1), bad=("0",),
+           group=TRAIN),
+    Option("--lr", "learning rate (default 2e-5)", type=float, default=2e-5, check=positive, bad=("0",), group=TRAIN),
+    Option("--batch-size", "examples per step (default 8)", type=int, default=8, check=at_least(1), bad=("0",),
+           group=TRAIN),
+    Option("--max-length", f"tokens per sequence, at most the model's positions (default {DEFAULT_MAX_LENGTH}; "
+           f"{QA_MAX_LENGTH} when a task is squad_v2, whose contexts are split into windows of this length sharing "
+           "a third of it)", type=int, check=_max_length, bad=("100000",), group=TRAIN),
+    Option("--weight-decay", "AdamW weight decay (default 0)", type=float, default=0.0, check=non_negative,
+           bad=("-1",), group=TRAIN),
+    Option("--lr-schedule", "learning-rate schedule (default linear)", default="linear",
+           choices=("linear", "constant"), bad=("cosine",), group=TRAIN),
+    Option("--max-grad-norm", "clip each step's gradient to this global norm, as the paper's code (run_glue) did; "
+           "0: no clipping (default 1.0)", type=float, default=1.0, check=non_negative, bad=("-1",), group=TRAIN),
+    Option("--precision", "bf16: bfloat16 autocast; auto: bf16 when trials get a GPU, else fp32 (default auto)",
+           default="auto", choices=("auto", "fp32", "bf16"), bad=("fp16",), group=TRAIN),
+    Option("--eval-every", "evaluate the dev split every N epochs for per-epoch curves; 0: after the last epoch only, "
+           "as the paper reports (default 0)", type=int, default=0, metavar="N", check=at_least(0), bad=("-1",),
+           group=TRAIN),
+    Option("--reinit-mode", "intended: the paper's description; paper-code: the original code's quirks",
+           default="intended", choices=("intended", "paper-code"), bad=("nope",), group=TRAIN),
+    Option("--reinit-pooler", "also reinitialize the pooler", action="store_true", group=TRAIN),
+    Option("--gpus-per-trial", "a GPU share, e.g. 0.25; 0 = CPU", type=float, default=0.0, check=_gpus,
+           bad=("1.5",), group=RUN),
+    Option("--cpus-per-trial", "CPUs per trial (default 1)", type=float, default=1.0, check=positive, bad=("0",),
+           group=RUN),
+    Option("--address", "an existing Ray cluster (or 'auto'); default: start a local one",
+           bad=("127.0.0.1:1",), group=RUN),  # checked by connecting (address_problems)
+    Option("--storage", _storage_help(), default="./results", bad=("/dev/null/store",),
+           group=RUN),  # checked by writing (storage_problems; a dry run asks the file system)
+    Option("--name", "sweep name, a folder under --storage (default: the experiment)", check=_name, bad=("../x",),
+           group=RUN),
+    Option("--dry-run", "print the grid and run nothing", action="store_true", group=RUN),
+    Option("--resume", "continue the sweep's interrupted Tune experiment: unfinished trials go on from their last "
+           "checkpoints (default: finished trials are skipped, unfinished ones start over)", action="store_true",
+           group=RUN),
+    Option("--checkpoint-every", "checkpoint a trial (model, optimizer, progress) at the first epoch end at least "
+           f"SECONDS after its last checkpoint; 0: every epoch; off: never (default {CHECKPOINT_EVERY:g})",
+           type=lambda v: checkpoint_interval(v), default=CHECKPOINT_EVERY, metavar="SECONDS", bad=("-1",),
+           group=RUN),  # its type refuses what it cannot take
+    Option("--keep-checkpoints", "keep a finished trial's checkpoints (default: deleted once its row is written)",
+           action="store_true", group=RUN),
+    Option("--max-failures", "times a failed or preempted trial is restarted from its last checkpoint (default 2)",
+           type=lambda v: failure_count(v), default=2, metavar="N", bad=("-1",), group=RUN),
+    Option("--pack", "train up to N trials of the same task, size and schedule as one fused computation (one Tune "
+           "trial, resources scaled to it, one row per trial); 1: each trial alone; auto: 1 on CPUs, where fusing "
+           "does not pay, and as many as fit in GPU memory on GPUs (default auto). Sequential finetuning, searches "
+           "and probing run unfused", type=parse_pack, default="auto", metavar="N|auto", bad=("0",), group=RUN),
+)
+
+
+def options_of(experiment: str) -> tuple[Option, ...]:
+    return (*COMMON_OPTIONS, *EXPERIMENTS[experiment].options)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """One sub-command per experiment, each with every experiment's options and its own (so that
+    `python -m sweep EXPERIMENT --help` lists what that experiment takes)."""
     p = argparse.ArgumentParser(
         prog="python -m sweep",
         description="Partial-reinitialization finetuning sweeps on Ray Tune; one Parquet row per trial.",
-        epilog="`python -m sweep status [--storage S] NAME`: what a sweep's store holds per cell and what a rerun "
-               "would do, without starting Ray.",
+        epilog="`python -m sweep EXPERIMENT --help`: that experiment's options. `python -m sweep status [--storage "
+               "S] NAME`: what a sweep's store holds per cell and what a rerun would do, without starting Ray.",
     )
-    p.add_argument("experiment", choices=sorted(EXPERIMENTS), help="which ablation grid to run")
-    p.add_argument("--preset", choices=sorted(PRESETS), default="demo",
-                   help="fills every grid option you leave unset (default: demo, offline MiniLM on the "
-                        "built-in synthetic task; paper: the paper's grid on bert-base-uncased)")
-    grid = p.add_argument_group("grid")
-    grid.add_argument("--model", help="hub name, local folder, or 'minilm' (the offline MiniLM package)")
-    grid.add_argument("--tasks", nargs="+",
-                      help="GLUE names (sst2 cola qnli rte mrpc stsb wnli), squad_v2 (question answering), synthetic, "
-                           "or a --task-file NAME")
-    grid.add_argument("--data-dir", help="a local GLUE folder (SST-2/train.tsv, ...; for squad_v2 the official "
-                                         "train-v2.0.json and dev-v2.0.json); default: the hub")
-    own = p.add_argument_group("your own task (use its NAME in --tasks)")
-    own.add_argument("--task-file", nargs="+", metavar="NAME=DIR",
-                     help="define task NAME from a folder holding a train and a dev file (.csv, .tsv, .jsonl or "
-                          ".parquet), or from a hub dataset: NAME=hub:DATASET[:CONFIG]")
-    own.add_argument("--text-columns", nargs="+", metavar="COLUMN", help="the text column, or two for a pair")
-    own.add_argument("--label-column", metavar="COLUMN",
-                     help="class names (strings or integers), or numbers for regression")
-    own.add_argument("--splits", nargs=2, metavar=("TRAIN", "DEV"),
-                     help="file names without suffix, or hub split names (default: train dev; hub: train validation)")
-    own.add_argument("--metric", help="headline metric: accuracy, macro_f1, f1 (two classes), matthews_correlation, "
-                                      "or pearson, spearman (regression); default: accuracy for classes (macro_f1 "
-                                      "reported too), pearson for numbers (spearman too)")
-    grid.add_argument("--sizes", nargs="+", type=int, help="training subset sizes")
-    grid.add_argument("--trials", nargs="+", help="trials per size: N, or SIZE=N items (e.g. 500=50 3)")
-    grid.add_argument("--fractions", nargs="+", type=float,
-                      help="subset sizes as fractions of each task's train split, in (0, 1] (e.g. 0.01 0.1 1.0); "
-                           "replaces the preset's --sizes unless --sizes is given too")
-    grid.add_argument("--k", nargs="+", type=int, help="restrict the kept-layer counts (default 0..L)")
-    grid.add_argument("--block-size", type=int, help="localized: consecutive layers per block (default 3)")
-    grid.add_argument("--layers", nargs="+", type=int,
-                      help="single-layer, heads: layers 1..L to use; probing: 0..L (default all)")
-    grid.add_argument("--heads", nargs="+", type=int, help="heads: head indices 0..H-1 to reset (default all)")
-    grid.add_argument("--permutations", type=int, help="permutation: how many layer orders (default 10)")
-    grid.add_argument("--lr-multiplier", type=float,
-                      help="reinit-lr: learning rate of reinitialized layers over the base rate (default 5)")
-    grid.add_argument("--intermediate-tasks", nargs="+",
-                      help="sequential: tasks finetuned first (default: the same as --tasks)")
-    grid.add_argument("--seed", type=int, default=0,
-                      help="base seed: trial i's subset and model seeds are drawn from (seed, i), so sweeps with "
-                           "different --seed share no subset, weight draw or batch order (default 0)")
-    train = p.add_argument_group("finetuning")
-    train.add_argument("--epochs", type=int, help="default: 5 for subsets of <=500 examples, else 3")
-    train.add_argument("--lr", type=float, default=2e-5)
-    train.add_argument("--batch-size", type=int, default=8)
-    train.add_argument("--max-length", type=int,
-                       help=f"tokens per sequence (default {DEFAULT_MAX_LENGTH}; {QA_MAX_LENGTH} when a task is "
-                            "squad_v2, whose contexts are split into windows of this length sharing a third of it)")
-    train.add_argument("--weight-decay", type=float, default=0.0)
-    train.add_argument("--lr-schedule", choices=["linear", "constant"], default="linear")
-    train.add_argument("--max-grad-norm", type=float, default=1.0,
-                       help="clip each step's gradient to this global norm, as the paper's code (run_glue) did; "
-                            "0: no clipping (default 1.0)")
-    train.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",
-                       help="bf16: bfloat16 autocast; auto: bf16 when trials get a GPU, else fp32 (default auto)")
-    train.add_argument("--eval-every", type=int, default=0, metavar="N",
-                       help="evaluate the dev split every N epochs for per-epoch curves; 0: after the last epoch "
-                            "only, as the paper reports (default 0)")
-    train.add_argument("--reinit-mode", choices=["intended", "paper-code"], default="intended",
-                       help="intended: the paper's description; paper-code: the original code's quirks")
-    train.add_argument("--reinit-pooler", action="store_true", help="also reinitialize the pooler")
-    search = p.add_argument_group("lr-multipliers search (one Optuna study per cell: task x size x k)")
-    search.add_argument("--num-samples", type=int, default=8,
-                        help="trials per cell, the study's budget; the first is every multiplier at 1 (default 8)")
-    search.add_argument("--multiplier-range", nargs=2, type=float, metavar=("LOW", "HIGH"),
-                        help="log-uniform range of each multiplier, must contain 1 (default 0.1 10)")
-    search.add_argument("--group", choices=["layer", "reinit-vs-kept"],
-                        help="layer: one multiplier per encoder layer (default); reinit-vs-kept: two, one for the "
-                             "reinitialized layers and one for the kept ones")
-    search.add_argument("--val-fraction", type=float,
-                        help="share of each training subset held out (never trained on) to measure the search's "
-                             "objective; the dev split is only reported (default 0.2)")
-    from trainables.probing import PROBES
-
-    probe = p.add_argument_group("probing (the frozen model, a probe per layer 0..L; `--layers` picks some)")
-    probe.add_argument("--probes", nargs="+", choices=PROBES,
-                       help="mean-pool: the paper's (mean over real tokens -> linear; default); cls-pooler: the "
-                            "original code's ([CLS] -> frozen pooler -> linear); truncated: the course report's "
-                            "(layers 1..k frozen, pooler + linear trained on top)")
-    probe.add_argument("--patience", type=int, default=5,
-                       help="early stopping: epochs without a better validation loss (default 5)")
-    probe.add_argument("--max-probe-epochs", type=int, default=40, help="epoch limit per probe (default 40, the paper's)")
-    probe.add_argument("--probe-lr", type=float, default=1e-3, help="AdamW learning rate of the probe (default 1e-3)")
-    probe.add_argument("--probe-val-fraction", type=float, default=0.1,
-                       help="share of each training subset held out for early stopping (default 0.1; the dev "
-                            "split is never used for it)")
-    run = p.add_argument_group("running")
-    run.add_argument("--gpus-per-trial", type=float, default=0.0, help="a GPU share, e.g. 0.25; 0 = CPU")
-    run.add_argument("--cpus-per-trial", type=float, default=1.0)
-    run.add_argument("--address", help="an existing Ray cluster (or 'auto'); default: start a local one")
-    run.add_argument("--storage", default="./results",
-                     help="where rows, logs and checkpoints go: a folder (default ./results; on a cluster one every "
-                          "node sees) or a URI: s3://bucket/prefix, gs://bucket/prefix, file:///path")
-    run.add_argument("--name", help="sweep name, a folder under --storage (default: the experiment)")
-    run.add_argument("--dry-run", action="store_true", help="print the grid and run nothing")
-    run.add_argument("--resume", action="store_true",
-                     help="continue the sweep's interrupted Tune experiment: unfinished trials go on from their "
-                          "last checkpoints (default: finished trials are skipped, unfinished ones start over)")
-    run.add_argument("--checkpoint-every", type=checkpoint_interval, default=CHECKPOINT_EVERY, metavar="SECONDS",
-                     help="checkpoint a trial (model, optimizer, progress) at the first epoch end at least SECONDS "
-                          f"after its last checkpoint; 0: every epoch; off: never (default {CHECKPOINT_EVERY:g})")
-    run.add_argument("--keep-checkpoints", action="store_true",
-                     help="keep a finished trial's checkpoints (default: deleted once its row is written)")
-    run.add_argument("--max-failures", type=failure_count, default=2, metavar="N",
-                     help="times a failed or preempted trial is restarted from its last checkpoint (default 2)")
-    run.add_argument("--pack", type=parse_pack, default="auto", metavar="N|auto",
-                     help="train up to N trials of the same task, size and schedule as one fused computation (one "
-                          "Tune trial, resources scaled to it, one row per trial); 1: each trial alone; auto: 1 on "
-                          "CPUs, where fusing does not pay, and as many as fit in GPU memory on GPUs (default auto). "
-                          "Sequential finetuning, searches and probing run unfused")
+    experiments = p.add_subparsers(dest="experiment", metavar="experiment", required=True,
+                                   help="which ablation grid to run: " + ", ".join(EXPERIMENTS))
+    for name, experiment in EXPERIMENTS.items():
+        sub = experiments.add_parser(name, help=experiment.summary, description=experiment.summary)
+        sub.add_argument("--preset", choices=sorted(PRESETS), default="demo",
+                         help="fills every grid option you leave unset (default: demo, offline MiniLM on the "
+                              "built-in synthetic task; paper: the paper's grid on bert-base-uncased)")
+        own = sub.add_argument_group(f"{name} options")
+        for option in experiment.options:
+            option.add_to(own, parsed_default(option))
+        for title, options in parse_groups(COMMON_OPTIONS).items():
+            group = sub.add_argument_group(title)
+            for option in options:
+                option.add_to(group, parsed_default(option))
     return p
+
+
+def preset_filled() -> set[str]:
+    """Options a preset may fill in: left unset by the parser, so that a preset can tell them from given."""
+    names = {name for preset in PRESETS.values() for name in preset}
+    names |= {name for e in EXPERIMENTS.values() for preset in e.presets.values() for name in preset}
+    return names | {"max_length"}  # its default depends on the tasks
+
+
+def parsed_default(option: Option):
+    return None if option.dest in preset_filled() else option.default
 
 
 def checkpoint_interval(value: str) -> float | None:
@@ -198,7 +244,9 @@ def failure_count(value: str) -> int:
     return int(value)
 
 
-def settings_from_args(args) -> GridSettings:
+def option_values(args) -> dict:
+    """The value in effect of every option of the experiment, by its dest: the command line's, else the
+    presets', else the option's default."""
     preset = {**PRESETS[args.preset], **EXPERIMENTS[args.experiment].presets.get(args.preset, {})}
     if args.model is not None and args.model != preset["model"]:
         for name in ("k", "layers", "heads"):
@@ -207,45 +255,35 @@ def settings_from_args(args) -> GridSettings:
         preset.pop("epochs", None)  # a preset's short schedule is chosen for its own model, task and size
     if args.fractions is not None:
         preset["sizes"] = []  # fractions replace the preset's sizes; --sizes adds to them
-    pick = lambda name: getattr(args, name) if getattr(args, name) is not None else preset.get(name)  # noqa: E731
-    optional = lambda name: tuple(pick(name)) if pick(name) is not None else None  # noqa: E731
-    return GridSettings(
-        model=pick("model"),
-        tasks=tuple(pick("tasks")),
-        sizes=tuple(pick("sizes")),
-        trials=parse_trials(pick("trials")),
-        data_dir=str(Path(args.data_dir).resolve()) if args.data_dir else None,
-        k=tuple(pick("k")) if pick("k") is not None else None,
-        skip=preset.get("skip", frozenset()),
-        epochs=pick("epochs"),
-        lr=args.lr,
-        batch_size=args.batch_size,
-        max_length=args.max_length or default_max_length([*pick("tasks"), *(pick("intermediate_tasks") or ())]),
-        weight_decay=args.weight_decay,
-        lr_schedule=args.lr_schedule,
-        max_grad_norm=args.max_grad_norm,
-        precision=resolve_precision(args.precision, args.gpus_per_trial),
-        eval_every=args.eval_every,
-        reinit_mode=args.reinit_mode,
-        reinit_pooler=args.reinit_pooler,
-        seed=args.seed,
-        block_size=pick("block_size") or 3,
-        layers=optional("layers"),
-        heads=optional("heads"),
-        permutations=pick("permutations") if pick("permutations") is not None else 10,
-        lr_multiplier=pick("lr_multiplier") if pick("lr_multiplier") is not None else 5.0,
-        intermediate_tasks=optional("intermediate_tasks"),
-        probes=tuple(dict.fromkeys(pick("probes") or ("mean-pool",))),
-        patience=args.patience,
-        max_probe_epochs=args.max_probe_epochs,
-        probe_lr=args.probe_lr,
-        probe_val_fraction=args.probe_val_fraction,
-        fractions=tuple(pick("fractions") or ()),
-        multiplier_range=tuple(args.multiplier_range or (0.1, 10.0)),
-        multiplier_group=args.group or "layer",
-        val_fraction=args.val_fraction if args.val_fraction is not None else 0.2,
-        task_sources=task_sources(args),
-    )
+    values = {}
+    for option in options_of(args.experiment):
+        given = getattr(args, option.dest)
+        values[option.dest] = preset.get(option.dest, option.default) if given is None else given
+    if values["max_length"] is None:
+        values["max_length"] = default_max_length([*values["tasks"], *(values.get("intermediate_tasks") or ())])
+    values["skip"] = preset.get("skip", frozenset())
+    return values
+
+
+def settings_from_args(args) -> GridSettings:
+    values = option_values(args)
+    fields = {f.name for f in dataclasses.fields(GridSettings)}
+    chosen = {option.setting: values[option.dest] for option in options_of(args.experiment)
+              if option.setting in fields}
+    chosen = {name: tuple(v) if isinstance(v, list) else v for name, v in chosen.items()}
+    own = tuple((o.setting, tuple(values[o.dest]) if isinstance(values[o.dest], list) else values[o.dest])
+                for o in EXPERIMENTS[args.experiment].options if o.setting not in fields)
+    return GridSettings(**{
+        **chosen,
+        "own": own,
+        "trials": parse_trials(values["trials"]),
+        "data_dir": str(Path(args.data_dir).resolve()) if args.data_dir else None,
+        "skip": values["skip"],
+        "precision": resolve_precision(values["precision"], values["gpus_per_trial"]),
+        "probes": tuple(dict.fromkeys(values.get("probes") or PROBES.default)),
+        "fractions": tuple(values["fractions"] or ()),
+        "task_sources": task_sources(args),
+    })
 
 
 def task_sources(args) -> tuple:
@@ -266,9 +304,10 @@ def task_file_problems(args) -> list[str]:
     from trainables.tasks import CLASS_METRICS, HUB_PREFIX, REGRESSION_METRICS, TASKS
 
     if not args.task_file:
-        given = [o for o, v in (("--text-columns", args.text_columns), ("--label-column", args.label_column),
-                                ("--splits", args.splits), ("--metric", args.metric)) if v]
-        return [f"{given[0]}: only means something with --task-file NAME=DIR"] if given else []
+        given = [(o, v) for o, v in (("--text-columns", args.text_columns), ("--label-column", args.label_column),
+                                     ("--splits", args.splits), ("--metric", args.metric)) if v]
+        return [f"{o}: only means something with --task-file NAME=DIR (given: {' '.join(v) if isinstance(v, list) else v})"
+                for o, v in given]
     problems = []
     for item in args.task_file:
         name, _, location = item.partition("=")
@@ -301,117 +340,66 @@ def resolve_precision(precision: str, gpus_per_trial: float) -> str:
     return "bf16" if gpus_per_trial > 0 else "fp32"
 
 
-def validate(settings: GridSettings, args, num_layers: int, num_heads: int | None = None) -> list[str]:
+def validate(settings: GridSettings, args, limits: Limits) -> list[str]:
     """Every problem with the request, each naming the option, the value and what is allowed."""
-    from trainables.tasks import TASKS
-
     problems = task_file_problems(args)
-    known = [*sorted(TASKS), *settings.sources]
-    for task in settings.tasks:
-        if task not in known:
-            problems.append(f"--tasks: unknown task '{task}'; allowed: {', '.join(known)}")
-    for task in settings.intermediate_tasks or ():
-        if task not in known:
-            problems.append(f"--intermediate-tasks: unknown task '{task}'; allowed: {', '.join(known)}")
-    if args.experiment == "probing" and "squad_v2" in settings.tasks:
-        problems.append("--tasks: probing trains a sentence classifier per layer and cannot take squad_v2 "
-                        "(question answering); every finetuning experiment can")
+    values = option_values(args)
+    for option in options_of(args.experiment):
+        problems += option.problems(values[option.dest], limits)
     if not settings.sizes and not settings.fractions:
         problems.append("--sizes: no subset size given; give --sizes or --fractions")
-    for fraction in settings.fractions:
-        if not 0 < fraction <= 1:
-            problems.append(f"--fractions: {fraction} is outside (0, 1]; give a share of the train split")
-    if not 1 <= settings.block_size <= num_layers:
-        problems.append(f"--block-size: {settings.block_size} is outside 1..{num_layers} for {settings.model} "
-                        f"({num_layers} layers)")
-    lowest = 0 if args.experiment == "probing" else 1  # probing reads layer 0, the embeddings output
-    for layer in settings.layers or ():
-        if not lowest <= layer <= num_layers:
-            problems.append(f"--layers: {layer} is outside {lowest}..{num_layers} for {settings.model} "
-                            f"({num_layers} layers)")
-    for head in settings.heads or ():
-        if num_heads is not None and not 0 <= head < num_heads:
-            problems.append(f"--heads: {head} is outside 0..{num_heads - 1} for {settings.model} "
-                            f"({num_heads} attention heads per layer)")
-    if settings.permutations < 1:
-        problems.append(f"--permutations: {settings.permutations} must be at least 1")
-    if not settings.lr_multiplier > 0:
-        problems.append(f"--lr-multiplier: {settings.lr_multiplier} must be positive")
-    for size in settings.sizes:
-        if size <= 0:
-            problems.append(f"--sizes: {size} is not a positive number of training examples")
-    for k in settings.k or ():
-        if not 0 <= k <= num_layers:
-            problems.append(f"--k: {k} is outside 0..{num_layers} for {settings.model} ({num_layers} layers)")
-    if settings.epochs is not None and settings.epochs < 1:
-        problems.append(f"--epochs: {settings.epochs} must be at least 1")
-    if not 0 < settings.lr < float("inf"):
-        problems.append(f"--lr: {settings.lr} must be a positive finite number")
-    if settings.batch_size < 1:
-        problems.append(f"--batch-size: {settings.batch_size} must be at least 1")
-    if not 0 <= settings.max_grad_norm < float("inf"):
-        problems.append(f"--max-grad-norm: {settings.max_grad_norm} must be a finite number >= 0 (0: no clipping)")
-    if settings.eval_every < 0:
-        problems.append(f"--eval-every: {settings.eval_every} must be >= 0 (0: after the last epoch only)")
-    gpus = args.gpus_per_trial
-    if not (0 <= gpus <= 1 or (gpus > 1 and float(gpus).is_integer())):
-        problems.append(f"--gpus-per-trial: {gpus} must be a share of one GPU in [0, 1] (e.g. 0.25) or a whole "
-                        "number of GPUs")
-    if args.cpus_per_trial <= 0:
-        problems.append(f"--cpus-per-trial: {args.cpus_per_trial} must be positive")
-    low, high = settings.multiplier_range
-    if not 0 < low <= 1 <= high < float("inf"):
-        problems.append(f"--multiplier-range: {low:g} {high:g} must be positive, finite and contain 1 (the "
-                        "baseline every study starts with)")
-    if args.num_samples < 1:
-        problems.append(f"--num-samples: {args.num_samples} must be at least 1")
-    if not 0 < settings.val_fraction < 1:
-        problems.append(f"--val-fraction: {settings.val_fraction} must be in (0, 1)")
-    elif args.experiment == "lr-multipliers" and min(settings.sizes, default=2) < 2:
-        problems.append(f"--sizes: {min(settings.sizes)} leaves nothing to train on beside the held-out part; "
-                        "lr-multipliers needs at least 2 examples")
-    if args.patience < 1:
-        problems.append(f"--patience: {args.patience} must be at least 1 epoch")
-    if args.max_probe_epochs < 1:
-        problems.append(f"--max-probe-epochs: {args.max_probe_epochs} must be at least 1")
-    if not 0 < args.probe_lr < float("inf"):
-        problems.append(f"--probe-lr: {args.probe_lr} must be a positive finite number")
-    if not 0 < args.probe_val_fraction < 1:
-        problems.append(f"--probe-val-fraction: {args.probe_val_fraction} must be in (0, 1)")
-    elif args.experiment == "probing" and 0 < min(settings.sizes, default=2) < 2:
-        problems.append(f"--sizes: {min(settings.sizes)} leaves nothing to train a probe on beside the held-out "
-                        "part; probing needs at least 2 examples")
+    check = EXPERIMENTS[args.experiment].problems
+    problems += check(settings, limits) if check else []
     # The folder as the user typed it: resolved, a path through a symbolic link would read as another one.
     problems += data_dir_problems(args.data_dir, [*settings.tasks, *(settings.intermediate_tasks or ())])
     return problems
 
 
-def model_shape(model: str, dry_run: bool) -> tuple[int, int, str]:
-    """(layers, attention heads per layer, transformers model_type) of a model, from its config."""
+def environment_problems(args, dry_run: bool) -> list[str]:
+    """Whether the storage can be written, the cluster answers and asked-for GPUs exist. A dry run writes
+    nothing: it asks the file system instead of writing a probe, and counts this machine's GPUs when no
+    cluster is named (a cluster's are known once Ray connects)."""
+    problems = address_problems(args.address)
+    problems += storage_access_problems(args.storage) if dry_run else storage_problems(args.storage)
+    if dry_run and args.address in (None, "", "local"):
+        problems += gpu_problems(args.gpus_per_trial or 0.0, {"GPU": local_gpus()})
+    return problems
+
+
+def local_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def model_limits(model: str, dry_run: bool) -> Limits:
+    """The model's shape (layers, attention heads, positions, family), from its config."""
     from trainables.models import load_config
 
     if dry_run and model in KNOWN_SHAPES:  # counting needs no download (nor a network timeout)
-        return (*KNOWN_SHAPES[model], "bert")
+        return Limits(model, *KNOWN_SHAPES[model], model_type="bert")
     config = load_config(model)
-    return int(config.num_hidden_layers), int(config.num_attention_heads), str(config.model_type)
+    positions = getattr(config, "max_position_embeddings", None)
+    # Relative positions (DeBERTa without absolute ones) set no hard limit on the length.
+    if getattr(config, "position_biased_input", True) is False:
+        positions = None
+    return Limits(model, int(config.num_hidden_layers), int(config.num_attention_heads),
+                  int(positions) if positions else None, model_type=str(config.model_type))
 
 
-def family_problems(model: str, model_type: str, experiment: str, settings: GridSettings) -> list[str]:
+def family_problems(limits: Limits, experiment: str, settings: GridSettings) -> list[str]:
     """Whether the model's family is supported, and supports this experiment and its pooler options."""
     from trainables.models import FAMILIES
 
+    model, model_type = limits.model, limits.model_type
     if model_type not in FAMILIES:
         return [f"--model: '{model}' is a '{model_type}' model; supported families: {', '.join(FAMILIES)}"]
     reason = FAMILIES[model_type].not_layerwise
-    if reason and experiment != "probing":
+    if reason and EXPERIMENTS[experiment].layerwise:
         return [f"--model: '{model}' cannot run {experiment}: {reason}"]
-    if FAMILIES[model_type].pooler is None:
-        no_pooler = f"'{model}' is a '{model_type}' model, whose classifier has no pretrained pooler"
-        if settings.reinit_pooler:
-            return [f"--reinit-pooler: {no_pooler} (its head is drawn fresh in every trial); leave it out"]
-        if experiment == "probing" and set(settings.probes) - {"mean-pool"}:
-            return [f"--probes: {', '.join(sorted(set(settings.probes) - {'mean-pool'}))} read the pooler; "
-                    f"{no_pooler}; allowed for it: mean-pool"]
+    if FAMILIES[model_type].pooler is None and settings.reinit_pooler:
+        return [f"--reinit-pooler: '{model}' is a '{model_type}' model, whose classifier has no pretrained pooler "
+                "(its head is drawn fresh in every trial); leave it out"]
     return []
 
 
@@ -488,17 +476,24 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["status"]:
         return status_main(argv[1:])
     args = build_parser().parse_args(argv)
-    settings = settings_from_args(args)
+    experiment = EXPERIMENTS[args.experiment]
     try:
-        num_layers, num_heads, model_type = model_shape(settings.model, args.dry_run)
+        settings = settings_from_args(args)
+    except SystemExit as err:  # --trials it cannot read
+        return refuse([str(err.code)])
+    try:
+        limits = model_limits(settings.model, args.dry_run)
     except (OSError, ValueError) as err:  # no such folder, no safetensors weights, no hub to reach
         return refuse([f"--model: '{settings.model}' cannot be loaded: {err}"])
-    problems = family_problems(settings.model, model_type, args.experiment, settings)
+    problems = family_problems(limits, args.experiment, settings)
     if problems:
         return refuse(problems)
-    problems = validate(settings, args, num_layers, num_heads)
-    if not args.dry_run:  # a dry run writes nothing and connects to nothing
-        problems += storage_problems(args.storage) + address_problems(args.address)
+    from trainables.models import FAMILIES
+    from trainables.tasks import TASKS
+
+    limits = dataclasses.replace(limits, known_tasks=(*sorted(TASKS), *settings.sources),
+                                 has_pooler=FAMILIES[limits.model_type].pooler is not None)
+    problems = validate(settings, args, limits) + environment_problems(args, args.dry_run)
     if problems:
         return refuse(problems)
     tasks = list(dict.fromkeys([*settings.tasks, *(settings.intermediate_tasks or ())]))
@@ -512,27 +507,18 @@ def main(argv: list[str] | None = None) -> int:
         raw = {**load_raw_tasks(settings, [t for t in tasks if t not in (raw or {})]), **(raw or {})}
         settings = dataclasses.replace(
             settings, train_split_sizes=tuple((task, len(data.train)) for task, data in raw.items()))
-    specs = EXPERIMENTS[args.experiment].build(settings, num_layers, num_heads)
+    specs = experiment.build(settings, limits.num_layers, limits.num_heads)
     name = args.name or args.experiment
-    print(f"{args.experiment}: {settings.model} ({num_layers} layers), storage {args.storage}/{name}")
+    folder = rows_dir(args.storage, name)
+    plan = experiment.plan_function() or plan_trials
+    todo, planned, rerun_skips, table, note = plan(specs, folder, args, read=not args.dry_run)
+    print(f"{args.experiment}: {settings.model} ({limits.num_layers} layers), storage {args.storage}/{name}")
     print(describe_grid(specs))
-    if args.experiment == "lr-multipliers":
-        print(f"(trials above are cells: each is an Optuna study of --num-samples {args.num_samples} trials, "
-              f"{len(specs) * args.num_samples:,} trials in all)")
+    if note:
+        print(note)
     if args.dry_run:
         return 0
 
-    folder = rows_dir(args.storage, name)
-    done = finished_trial_ids(folder)
-    todo = [s for s in specs if s.trial_id not in done]
-    planned, rerun_skips, table = [s.row() for s in specs], FINISHED, None
-    if args.experiment == "lr-multipliers":  # a spec is a cell: a study of --num-samples trials
-        from analysis.search import best_table
-        from sweep.search import FINISHED as STUDY_FINISHED
-        from sweep.search import planned_rows, unfinished_cells
-
-        todo, planned = unfinished_cells(specs, folder, args.num_samples), planned_rows(specs, args.num_samples)
-        rerun_skips, table = STUDY_FINISHED, best_table
     record_plan(sweep_dir(args.storage, name), argv, args.experiment, planned, rerun_skips)
     print(f"{len(specs) - len(todo)} already done, {len(todo)} to run")
     if todo:
@@ -543,6 +529,13 @@ def main(argv: list[str] | None = None) -> int:
             return refuse([f"--model: '{settings.model}' cannot be built: {err}"])
         run(todo, settings, args, folder, pretrained, raw)
     return report(folder, {row["trial_id"] for row in planned}, table)
+
+
+def plan_trials(specs: list[TrialSpec], folder, options, read: bool = True):
+    """(specs to run, planned rows, statuses a rerun skips, the table printed at the end, a note for the grid):
+    every spec is a trial, done once its row is finished."""
+    done = finished_trial_ids(folder) if read else set()
+    return [s for s in specs if s.trial_id not in done], [s.row() for s in specs], FINISHED, None, ""
 
 
 def run(todo: list[TrialSpec], settings: GridSettings, args, folder: Path, pretrained, raw: dict | None = None) -> None:
@@ -587,8 +580,8 @@ def run(todo: list[TrialSpec], settings: GridSettings, args, folder: Path, pretr
 
 def report(folder: Path, grid_ids: set[str], table=None) -> int:
     """Counts the rows of `grid_ids` and prints `table` of them (default: the per-condition summary)."""
-    from analysis.results import read_results
-    from analysis.stats import condition_table
+    from trialrows.read import read_results
+    from trialrows.summaries import condition_table
 
     rows = read_results(folder)
     rows = rows[rows["trial_id"].isin(grid_ids)]

@@ -1,5 +1,7 @@
-"""The experiment registry: an experiment's name maps to a function that builds its grid of trials (and the
-options its presets fill in). Adding an experiment is one builder and one EXPERIMENTS entry."""
+"""The experiment registry: everything about an experiment in one entry of EXPERIMENTS: its grid builder, its
+own options (each declared once, with its type, default, help and allowed values), its presets, the checks
+across its options and its runner. The command line, its validation, `--help` and dry-run counts are made
+from the entries; see the README's "Adding an experiment"."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,8 +10,85 @@ from typing import Callable
 import numpy as np
 
 from sweep.grid import TrialSpec
-from trainables.ablations import HeadReinit, Permute, Reinit
+from sweep.options import Limits, Option, at_least, each, fraction, in_heads, in_layers, known_task, positive
+from trainables.ablations import SUBLAYERS, HeadReinit, Permute, Reinit, Scratch, SublayerReinit
 from trainables.finetune import default_epochs
+
+# --- the experiments' own options (an option several experiments share is declared once here) -----------
+
+
+def _multiplier_range(value, _) -> list[str]:
+    low, high = value
+    if 0 < low <= 1 <= high < float("inf"):
+        return []
+    return [f"{low:g} {high:g} must be positive, finite and contain 1 (the baseline every study starts with)"]
+
+
+def _block_size(size, limits) -> list[str]:
+    if 1 <= size <= limits.num_layers:
+        return []
+    return [f"{size} is outside 1..{limits.num_layers} for {limits.model} ({limits.num_layers} layers)"]
+
+
+K = Option("--k", "restrict the kept-layer counts (default 0..L)", type=int, nargs="+", check=each(in_layers(0)),
+           bad=("-1",))
+LAYERS = Option("--layers", "layers 1..L to use (default all)", type=int, nargs="+", check=each(in_layers(1)),
+                bad=("0",))
+BLOCK_SIZE = Option("--block-size", "consecutive layers per block (default 3)", type=int, default=3,
+                    check=_block_size, bad=("0",))
+HEADS = Option("--heads", "head indices 0..H-1 to reset (default all)", type=int, nargs="+", check=each(in_heads),
+               bad=("-1",))
+PERMUTATIONS = Option("--permutations", "how many layer orders (default 10)", type=int, default=10,
+                      check=at_least(1), bad=("0",))
+LR_MULTIPLIER = Option("--lr-multiplier", "learning rate of reinitialized layers over the base rate (default 5)",
+                       type=float, default=5.0, check=lambda v, _: [] if 0 < v < float("inf") else [
+                           f"{v} must be positive and finite"], bad=("0",))
+INTERMEDIATE_TASKS = Option("--intermediate-tasks", "tasks finetuned first (default: the same as --tasks)",
+                            nargs="+", check=each(known_task), bad=("nope",))
+SEARCH = "lr-multipliers search (one Optuna study per cell: task x size x k)"
+NUM_SAMPLES = Option("--num-samples", "trials per cell, the study's budget; the first is every multiplier at 1 "
+                     "(default 8)", type=int, default=8, check=at_least(1), bad=("0",), group=SEARCH)
+MULTIPLIER_RANGE = Option("--multiplier-range", "log-uniform range of each multiplier, must contain 1 (default 0.1 "
+                          "10)", type=float, nargs=2, metavar=("LOW", "HIGH"), default=(0.1, 10.0),
+                          check=_multiplier_range, bad=("2", "10"), group=SEARCH)
+GROUP = Option("--group", "layer: one multiplier per encoder layer (default); reinit-vs-kept: two, one for the "
+               "reinitialized layers and one for the kept ones", default="layer", choices=("layer", "reinit-vs-kept"),
+               bad=("nope",), group=SEARCH, field="multiplier_group")
+VAL_FRACTION = Option("--val-fraction", "share of each training subset held out (never trained on) to measure the "
+                      "search's objective; the dev split is only reported (default 0.2)", type=float, default=0.2,
+                      check=fraction, bad=("1",), group=SEARCH)
+SUBLAYER_PARTS = Option("--sublayers", "which blocks of each layer to reset, one at a time (default both)",
+                        nargs="+", default=SUBLAYERS, choices=SUBLAYERS, bad=("pooler",))
+PARITIES = Option("--parities", "odd: layers 1, 3, 5, ... reset; even: 2, 4, 6, ... (default both)", nargs="+",
+                  default=("odd", "even"), choices=("odd", "even"), bad=("third",))
+PROBING = "probing (the frozen model, a probe per layer 0..L; `--layers` picks some)"
+PROBE_LAYERS = dataclasses.replace(LAYERS, help="layers 0..L to probe (0: the embeddings; default all)",
+                                   check=each(in_layers(0)), bad=("-1",))
+
+
+def _probes_help() -> str:
+    return ("mean-pool: the paper's (mean over real tokens -> linear; default); cls-pooler: the original code's "
+            "([CLS] -> frozen pooler -> linear); truncated: the course report's (layers 1..k frozen, pooler + "
+            "linear trained on top)")
+
+
+def _probe_names() -> tuple[str, ...]:
+    from trainables.probing import PROBES
+
+    return tuple(PROBES)
+
+
+PROBES = Option("--probes", _probes_help(), nargs="+", default=("mean-pool",), choices=_probe_names(),
+                bad=("nope",), group=PROBING)
+PATIENCE = Option("--patience", "early stopping: epochs without a better validation loss (default 5)", type=int,
+                  default=5, check=at_least(1, " epoch"), bad=("0",), group=PROBING)
+MAX_PROBE_EPOCHS = Option("--max-probe-epochs", "epoch limit per probe (default 40, the paper's)", type=int,
+                          default=40, check=at_least(1), bad=("0",), group=PROBING)
+PROBE_LR = Option("--probe-lr", "AdamW learning rate of the probe (default 1e-3)", type=float, default=1e-3,
+                  check=positive, bad=("0",), group=PROBING)
+PROBE_VAL_FRACTION = Option("--probe-val-fraction", "share of each training subset held out for early stopping "
+                            "(default 0.1; the dev split is never used for it)", type=float, default=0.1,
+                            check=fraction, bad=("1",), group=PROBING)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,23 +115,32 @@ class GridSettings:
     reinit_pooler: bool = False
     seed: int = 0  # base of every trial's seeds (trial_seeds)
     # Options of particular experiments.
-    block_size: int = 3  # localized: consecutive layers per block
+    block_size: int = BLOCK_SIZE.default  # localized: consecutive layers per block
     layers: tuple[int, ...] | None = None  # single-layer, heads: which layers (1-based); None: all
     heads: tuple[int, ...] | None = None  # heads: which heads (0-based); None: all
-    permutations: int = 10  # permutation: how many layer orders
-    lr_multiplier: float = 5.0  # reinit-lr: the reinitialized layers' lr over the base lr
+    permutations: int = PERMUTATIONS.default  # permutation: how many layer orders
+    lr_multiplier: float = LR_MULTIPLIER.default  # reinit-lr: the reinitialized layers' lr over the base lr
     intermediate_tasks: tuple[str, ...] | None = None  # sequential: None: the same as `tasks`
-    multiplier_range: tuple[float, float] = (0.1, 10.0)  # lr-multipliers: the log-uniform search range
-    multiplier_group: str = "layer"  # lr-multipliers: one multiplier per "layer", or "reinit-vs-kept" (two)
-    val_fraction: float = 0.2  # lr-multipliers: share of each training subset held out for the objective
-    probes: tuple[str, ...] = ("mean-pool",)  # probing: which probes (trainables.probing.PROBES)
-    patience: int = 5  # probing: epochs without a better validation loss before a probe stops
-    max_probe_epochs: int = 40  # probing: the paper's limit
-    probe_lr: float = 1e-3  # probing: AdamW learning rate of the probe (only the probe trains)
-    probe_val_fraction: float = 0.1  # probing: share of each training subset held out for early stopping
+    multiplier_range: tuple[float, float] = MULTIPLIER_RANGE.default  # lr-multipliers: the log-uniform search range
+    multiplier_group: str = GROUP.default  # lr-multipliers: one multiplier per "layer", or "reinit-vs-kept" (two)
+    val_fraction: float = VAL_FRACTION.default  # lr-multipliers: share of each training subset held out for the objective
+    probes: tuple[str, ...] = PROBES.default  # probing: which probes (trainables.probing.PROBES)
+    patience: int = PATIENCE.default  # probing: epochs without a better validation loss before a probe stops
+    max_probe_epochs: int = MAX_PROBE_EPOCHS.default  # probing: the paper's limit
+    probe_lr: float = PROBE_LR.default  # probing: AdamW learning rate of the probe (only the probe trains)
+    probe_val_fraction: float = PROBE_VAL_FRACTION.default  # probing: share of each training subset held out for early stopping
     fractions: tuple[float, ...] = ()  # train sizes as fractions of each task's train split (see sizes_for)
     train_split_sizes: tuple[tuple[str, int], ...] = ()  # task -> train split size, for fractions
     task_sources: tuple = ()  # the user's tasks (trainables.tasks.TaskSource), usable by name in `tasks`
+    # Options only one experiment has, by name: an experiment's own option needs no field here.
+    own: tuple[tuple[str, object], ...] = ()
+
+    def option(self, name: str):
+        """An experiment's own option: given, else its declared default."""
+        given = dict(self.own)
+        if name in given:
+            return given[name]
+        return next(o.default for e in EXPERIMENTS.values() for o in e.options if o.setting == name)
 
     def trials_for(self, size: int) -> int:
         counts = dict(self.trials)
@@ -237,7 +325,7 @@ def sequential(settings: GridSettings, num_layers: int, num_heads: int | None = 
     for task, n, t in settings.cells():
         for first in dict.fromkeys([task, *intermediates]):
             specs.append(trial(settings, "sequential", task, n, t, settings.reinit([]),
-                               intermediate_task=None if first == task else first))
+                               intermediate_task=None if first == task else first, row_fields=("intermediate_task",)))
     return specs
 
 
@@ -272,46 +360,135 @@ def lr_multipliers(settings: GridSettings, num_layers: int, num_heads: int | Non
     return specs
 
 
+def probing_problems(settings: GridSettings, limits: Limits) -> list[str]:
+    problems = []
+    if "squad_v2" in settings.tasks:
+        problems.append("--tasks: probing trains a sentence classifier per layer and cannot take squad_v2 "
+                        "(question answering); every finetuning experiment can")
+    if 0 < settings.probe_val_fraction < 1 and 0 < min(settings.sizes, default=2) < 2:
+        problems.append(f"--sizes: {min(settings.sizes)} leaves nothing to train a probe on beside the held-out "
+                        "part; probing needs at least 2 examples")
+    if not limits.has_pooler and set(settings.probes) - {"mean-pool"}:
+        problems.append(f"--probes: {', '.join(sorted(set(settings.probes) - {'mean-pool'}))} read the pooler; "
+                        f"'{limits.model}' is a '{limits.model_type}' model, whose classifier has no pretrained "
+                        "pooler; allowed for it: mean-pool")
+    return problems
+
+
+def search_problems(settings: GridSettings, limits: Limits) -> list[str]:
+    if 0 < settings.val_fraction < 1 and min(settings.sizes, default=2) < 2:
+        return [f"--sizes: {min(settings.sizes)} leaves nothing to train on beside the held-out part; "
+                "lr-multipliers needs at least 2 examples"]
+    return []
+
+
+def sublayer(settings: GridSettings, num_layers: int, num_heads: int | None = None) -> list[TrialSpec]:
+    """Only the attention block or only the feed-forward block of one layer reinitialized, over layer x block,
+    plus the full model (layer and sublayer null) per task, size and trial."""
+    layers = settings.layers or tuple(range(1, num_layers + 1))
+    specs = []
+    for task, n, t in settings.cells():
+        specs.append(trial(settings, "sublayer", task, n, t, settings.reinit([]), {"layer": None, "sublayer": None}))
+        for layer in layers:
+            for part in settings.option("sublayers"):
+                ablation = SublayerReinit((layer,), part, mode=settings.reinit_mode)
+                specs.append(trial(settings, "sublayer", task, n, t, ablation, {"layer": layer, "sublayer": part}))
+    return specs
+
+
+def alternate(settings: GridSettings, num_layers: int, num_heads: int | None = None) -> list[TrialSpec]:
+    """Every other layer reinitialized: the odd layers (1, 3, ...) or the even ones (2, 4, ...), as the
+    original authors' code could."""
+    first = {"odd": 1, "even": 2}
+    return [
+        trial(settings, "alternate", task, n, t, settings.reinit(range(first[parity], num_layers + 1, 2)),
+              {"parity": parity})
+        for task, n, t in settings.cells()
+        for parity in settings.option("parities")
+    ]
+
+
+def scratch(settings: GridSettings, num_layers: int, num_heads: int | None = None) -> list[TrialSpec]:
+    """The floor: every layer and the embeddings reinitialized (incremental k = 0 keeps the embeddings)."""
+    ablation = Scratch(tuple(range(1, num_layers + 1)), settings.reinit_mode, settings.reinit_pooler)
+    return [trial(settings, "scratch", task, n, t, ablation) for task, n, t in settings.cells()]
+
+
 @dataclasses.dataclass(frozen=True)
 class Experiment:
     build: Callable[..., list[TrialSpec]]  # (settings, num_layers, num_heads) -> the grid
+    summary: str = ""  # one line for `--help`
+    options: tuple[Option, ...] = ()  # its own options, beside every experiment's (sweep.cli.COMMON_OPTIONS)
     # Per preset name, the grid options this experiment's preset sets over the generic preset.
     presets: dict = dataclasses.field(default_factory=dict)
     # "module:function" that runs this experiment's specs instead of sweep.runner.run_trials (same keyword
     # arguments), for experiments whose trials are not one finetuning run each (probing, searches).
     runner: str | None = None
+    # False: the experiment needs no layers of their own, so models that share one set across layers
+    # (ALBERT) can run it.
+    layerwise: bool = True
+    problems: Callable[[GridSettings, Limits], list[str]] | None = None  # checks across its options
+    # "module:function" (specs, folder, options) -> (to run, planned rows, statuses a rerun skips, the table
+    # printed at the end), for experiments whose specs are not trials (a search's cells); None: the specs are.
+    plan: str | None = None
 
     def run_function(self) -> Callable:
-        import importlib
+        return _function(self.runner or "sweep.runner:run_trials")
 
-        module, _, function = (self.runner or "sweep.runner:run_trials").partition(":")
-        return getattr(importlib.import_module(module), function)
+    def plan_function(self) -> Callable | None:
+        return _function(self.plan) if self.plan else None
+
+
+def _function(name: str) -> Callable:
+    import importlib
+
+    module, _, function = name.partition(":")
+    return getattr(importlib.import_module(module), function)
 
 
 _PAPER_5K = dict(sizes=[5000], skip=frozenset())
 EXPERIMENTS: dict[str, Experiment] = {
     # k in 0..L at 500/5k/50k (no 50k for CoLA); 50 trials at 500, else 3: the generic paper preset.
-    "incremental": Experiment(incremental),
-    "reinit-lr": Experiment(reinit_lr),
-    "layernorm": Experiment(layernorm, {"paper": dict(_PAPER_5K, trials=["3"])}),
-    "localized": Experiment(localized, {"paper": dict(_PAPER_5K, trials=["10"])}),
-    "single-layer": Experiment(single_layer, {"paper": dict(_PAPER_5K, trials=["3"])}),
-    "permutation": Experiment(permutation, {"paper": dict(_PAPER_5K, trials=["1"], permutations=10),
-                                            "demo": dict(trials=["1"], permutations=4)}),
+    "incremental": Experiment(incremental, "keep layers 1..k pretrained, reinitialize the rest (Figure 2)", (K,)),
+    "reinit-lr": Experiment(reinit_lr, "incremental, reinitialized layers at a higher learning rate (Figure 7)",
+                            (K, LR_MULTIPLIER)),
+    "layernorm": Experiment(layernorm, "incremental, reinitialized layers keep their LayerNorm (Figure 8)", (K,),
+                            {"paper": dict(_PAPER_5K, trials=["3"])}),
+    "localized": Experiment(localized, "a block of consecutive layers reinitialized, or only it kept (Figure 3)",
+                            (BLOCK_SIZE,), {"paper": dict(_PAPER_5K, trials=["10"])}),
+    "single-layer": Experiment(single_layer, "exactly one layer reinitialized, each in turn (Figure 6)", (LAYERS,),
+                               {"paper": dict(_PAPER_5K, trials=["3"])}),
+    "permutation": Experiment(permutation, "every layer pretrained, in a shuffled order (Figure 4, Table 1)",
+                              (PERMUTATIONS,), {"paper": dict(_PAPER_5K, trials=["1"], permutations=10),
+                                                "demo": dict(trials=["1"], permutations=4)}),
     # From the course reports (no grid given there): every layer x head, 5k, 3 trials.
-    "heads": Experiment(heads, {"paper": dict(_PAPER_5K, trials=["3"]),
-                                "demo": dict(trials=["1"], layers=[1, 6], heads=[0, 6])}),
+    "heads": Experiment(heads, "one attention head reinitialized, over layer x head", (LAYERS, HEADS),
+                        {"paper": dict(_PAPER_5K, trials=["3"]),
+                         "demo": dict(trials=["1"], layers=[1, 6], heads=[0, 6])}),
     # From the course reports: the SST-2/CoLA/QNLI matrix at 5k, 3 trials.
-    "sequential": Experiment(sequential, {"paper": dict(_PAPER_5K, trials=["3"])}),
+    "sequential": Experiment(sequential, "finetune on an intermediate task, then on the final one",
+                             (INTERMEDIATE_TASKS,), {"paper": dict(_PAPER_5K, trials=["3"])}),
     # Paper appendix E and the original scripts: probes train on each task's full training split, 8 trials
     # per layer (they differ in the held-out carve, the head's draw, dropout and batch order).
-    "probing": Experiment(probing, {"paper": dict(sizes=[], fractions=[1.0], trials=["8"], skip=frozenset()),
-                                    "demo": dict(trials=["2"])},
-                          runner="sweep.probing:run_probing"),
+    "probing": Experiment(probing, "the frozen model probed at every layer 0..L (dashed lines of Figure 2)",
+                          (PROBE_LAYERS, PROBES, PATIENCE, MAX_PROBE_EPOCHS, PROBE_LR, PROBE_VAL_FRACTION),
+                          {"paper": dict(sizes=[], fractions=[1.0], trials=["8"], skip=frozenset()),
+                           "demo": dict(trials=["2"])},
+                          runner="sweep.probing:run_probing", layerwise=False, problems=probing_problems),
     # Ours (the paper only tried 5x): one study per incremental cell at 500 examples; demo: two cells.
-    "lr-multipliers": Experiment(lr_multipliers, {"paper": dict(sizes=[500], trials=["1"], skip=frozenset()),
-                                                  # k=0 stays at chance at the base rate, k=3 learns
-                                                  # already: room for the search either way, a few minutes.
-                                                  "demo": dict(sizes=[500], trials=["1"], k=[0, 3])},
-                                 runner="sweep.search:run_searches"),
+    "lr-multipliers": Experiment(lr_multipliers, "an Optuna search over per-layer learning-rate multipliers, per "
+                                 "incremental cell", (K, NUM_SAMPLES, MULTIPLIER_RANGE, GROUP, VAL_FRACTION),
+                                 {"paper": dict(sizes=[500], trials=["1"], skip=frozenset()),
+                                  # k=0 stays at chance at the base rate, k=3 learns already: room for the
+                                  # search either way, a few minutes.
+                                  "demo": dict(sizes=[500], trials=["1"], k=[0, 3])},
+                                 runner="sweep.search:run_searches", problems=search_problems,
+                                 plan="sweep.search:plan_searches"),
+    "sublayer": Experiment(sublayer, "only the attention or only the feed-forward block of one layer reinitialized",
+                           (LAYERS, SUBLAYER_PARTS), {"paper": dict(_PAPER_5K, trials=["3"]),
+                                                      "demo": dict(trials=["1"], layers=[1, 6])}),
+    "alternate": Experiment(alternate, "every other layer reinitialized: the odd ones or the even ones", (PARITIES,),
+                            {"paper": dict(_PAPER_5K, trials=["3"]), "demo": dict(trials=["1"])}),
+    "scratch": Experiment(scratch, "every layer and the embeddings reinitialized: the floor",
+                          presets={"paper": dict(_PAPER_5K, trials=["3"]), "demo": dict(trials=["1"])}),
 }

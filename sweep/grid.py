@@ -35,6 +35,9 @@ class TrialSpec:
     lr_multiplier: float | None = None  # reinit-lr: the reinitialized layers' lr over the base lr
     intermediate_task: str | None = None  # sequential: finetuned on this task before `task`
     labels: tuple[tuple[str, object], ...] = ()  # the experiment's own row columns (block_mode, head, ...)
+    # Fields its rows carry even where unset (sequential's intermediate_task: null is direct finetuning);
+    # implied by the experiment, so no identity.
+    row_fields: tuple[str, ...] = ()
 
     def identity(self) -> dict:
         """Every field that changes what the trial computes; two specs with the same identity are the same
@@ -80,8 +83,7 @@ class TrialSpec:
         }
         if self.lr_multiplier is not None:
             row["lr_multiplier"] = self.lr_multiplier
-        if self.experiment == "sequential":
-            row["intermediate_task"] = self.intermediate_task
+        row.update((name, getattr(self, name)) for name in self.row_fields)
         row.update((key, list(v) if isinstance(v, tuple) else v) for key, v in self.labels)
         return row
 
@@ -123,7 +125,8 @@ class TrialSpec:
 
 
 OPTIONAL_IDENTITY = ("lr_multiplier", "intermediate_task", "labels")
-NOT_IDENTITY = ("ablation", "eval_every")  # the ablation joins as its dict; eval_every changes no number
+# The ablation joins as its dict; eval_every changes no number; row_fields only shows fields.
+NOT_IDENTITY = ("ablation", "eval_every", "row_fields")
 
 
 def data_key(task: str, max_length: int) -> str:

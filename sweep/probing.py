@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import platform
 import time
 from pathlib import Path
 
 from sweep.checks import cannot_start
 from sweep.grid import TrialSpec, data_key
-from sweep.runner import library_versions, result_fields, trial_error
-from sweep.store import write_row
+from sweep.runner import experiment_name, land_row, make_tuner, trial_error
 
 # What a probe's report adds to its row beside what every finetuning row has (sweep.runner.RESULT_COLUMNS).
 PROBE_COLUMNS = (
@@ -65,7 +63,7 @@ def group_specs(specs: list[TrialSpec]) -> list[dict]:
     """The Tune trials of a probing grid, one per training subset, in the grid's order."""
     groups: dict[str, list[TrialSpec]] = {}
     for spec in specs:
-        if spec.experiment != "probing":
+        if "probe" not in dict(spec.labels):  # what makes a trial a probe, whichever experiment planned it
             raise ValueError(f"sweep.probing runs probing trials only; got a '{spec.experiment}' trial")
         groups.setdefault(group_key(spec), []).append(spec)
     return [group_config(members) for members in groups.values()]
@@ -86,7 +84,6 @@ def make_probe_row_writer(folder: Path, groups: list[dict]):
     subset's trial fails (or ends without reporting a probe), its missing probes get `error` rows."""
     from ray.tune import Callback
 
-    versions = library_versions()
     entries = {p["trial_id"]: p for g in groups for p in g["probes"]}
     total = len(entries)
 
@@ -96,12 +93,8 @@ def make_probe_row_writer(folder: Path, groups: list[dict]):
             self.started = time.monotonic()
 
         def _write(self, entry: dict, result: dict, status: str | None, error: str | None) -> None:
-            fields = {k: v for k, v in result.items() if k in PROBE_COLUMNS}
-            row = {**entry["row"], **result_fields(result), **fields, **versions, "host": platform.node()}
-            row["status"] = status or row.get("status") or "error"
-            row["error"] = error
-            row["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-            write_row(folder, row)
+            row = land_row(folder, entry["row"], result, status, error,
+                           **{k: v for k, v in result.items() if k in PROBE_COLUMNS})
             self.written.append(entry["trial_id"])
             metric = row.get("dev_metric")
             shown = f"dev {row.get('metric_name')} {metric:.4f}, stopped at epoch {row.get('stop_epoch')}" \
@@ -155,20 +148,6 @@ def run_probing(
         {"cpu": cpus_per_trial, "gpu": gpus_per_trial},
     )
     writer = make_probe_row_writer(folder, groups)
-    tuner = tune.Tuner(
-        trainable,
-        param_space={"trial": tune.grid_search(groups)},
-        tune_config=tune.TuneConfig(
-            reuse_actors=True,
-            trial_name_creator=lambda t: t.config["trial"]["trial_id"],
-            trial_dirname_creator=lambda t: t.config["trial"]["trial_id"],
-        ),
-        run_config=tune.RunConfig(
-            name=time.strftime("tune-%Y%m%d-%H%M%S"),
-            storage_path=str(tune_dir),
-            callbacks=[writer],
-            failure_config=tune.FailureConfig(max_failures=0),
-            verbose=verbose,
-        ),
-    )
+    tuner = make_tuner(trainable, param_space={"trial": tune.grid_search(groups)}, name=experiment_name(),
+                       storage_path=tune_dir, callbacks=[writer], max_failures=0, verbose=verbose)
     return tuner.fit(), writer.written

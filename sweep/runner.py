@@ -33,12 +33,54 @@ def library_versions() -> dict:
     }
 
 
+def land_row(folder: Path | str, planned: dict, result: dict, status: str | None, error: str | None,
+             **columns) -> dict:
+    """Make a trial's row and write it to `folder`: the one way every runner lands a row. The planned row
+    (TrialSpec.row()), what its last report measured (`result_fields`), the runner's own `columns`, the
+    library versions and host; `status` None keeps the reported one (a trial that reported none failed)."""
+    row = {**planned, **result_fields(result), **columns, **library_versions(), "host": platform.node()}
+    row["status"] = status or row.get("status") or "error"
+    row["error"] = error
+    row["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    write_row(folder, row)
+    return row
+
+
+def make_tuner(trainable, *, name: str, storage_path, callbacks: list, max_failures: int, param_space=None,
+               verbose: int = 0, checkpoint_config=None, **tune_options):
+    """The one Tuner set-up of every runner: trials named and foldered by their trial_id, actors reused,
+    rows landed by `callbacks`; `tune_options` add to the TuneConfig (a search's algorithm and scheduler)."""
+    from ray import tune
+
+    return tune.Tuner(
+        trainable,
+        param_space=param_space,
+        tune_config=tune.TuneConfig(
+            reuse_actors=True,
+            trial_name_creator=lambda t: t.config["trial"]["trial_id"],
+            trial_dirname_creator=lambda t: t.config["trial"]["trial_id"],
+            **tune_options,
+        ),
+        run_config=tune.RunConfig(
+            name=name,
+            storage_path=str(storage_path),
+            callbacks=callbacks,
+            checkpoint_config=checkpoint_config,
+            failure_config=tune.FailureConfig(max_failures=max_failures),
+            verbose=verbose,
+        ),
+    )
+
+
+def experiment_name() -> str:
+    # Microseconds: a resumed run and the new cells after it may start within the same second.
+    return datetime.datetime.now().strftime("tune-%Y%m%d-%H%M%S-%f")
+
+
 def make_row_writer(folder: Path | str, keep_checkpoints: bool = True):
     """A Tune callback, run in the driver, that writes a trial's row the moment the trial ends (a pack's: one
     row per member), then (unless `keep_checkpoints`) deletes the checkpoints of a finished trial."""
     from ray.tune import Callback
-
-    versions = library_versions()
 
     class ParquetRowWriter(Callback):
         def __init__(self):
@@ -47,14 +89,7 @@ def make_row_writer(folder: Path | str, keep_checkpoints: bool = True):
         def _write(self, trial, status: str | None, error: str | None) -> None:
             ended = []
             for member, last_result in member_results(trial):
-                row = {**member["row"], **pack_columns(trial.config["trial"]), **result_fields(last_result),
-                       **versions, "host": platform.node()}
-                if status is not None:
-                    row["status"] = status
-                row.setdefault("status", "error")
-                row["error"] = error
-                row["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-                write_row(folder, row)
+                row = land_row(folder, member["row"], last_result, status, error, **pack_columns(trial.config["trial"]))
                 self.written.append(row["trial_id"])
                 ended.append(row["status"])
             if "error" not in ended and not keep_checkpoints:
@@ -167,24 +202,12 @@ def run_trials(
     units = group_into_packs([spec.to_config() for spec in specs], size, pretrained)
     if size > 1:
         print(f"--pack {size}: {len(specs)} trials in {len(units)} Tune trials", flush=True)
-    tuner = tune.Tuner(
-        trainable,
-        param_space={"trial": tune.grid_search(units)},
-        tune_config=tune.TuneConfig(
-            reuse_actors=True,
-            trial_name_creator=lambda t: t.config["trial"]["trial_id"],
-            trial_dirname_creator=lambda t: t.config["trial"]["trial_id"],
-        ),
-        run_config=tune.RunConfig(
-            # Microseconds: a resumed run and the new cells after it may start within the same second.
-            name=datetime.datetime.now().strftime("tune-%Y%m%d-%H%M%S-%f"),
-            storage_path=str(tune_dir),
-            callbacks=[writer, ProgressView({s.trial_id: s.train_size * s.epochs for s in specs})],
-            checkpoint_config=tune.CheckpointConfig(num_to_keep=CHECKPOINTS_KEPT),
-            # A failed or preempted trial goes on from its last checkpoint, up to this many times.
-            failure_config=tune.FailureConfig(max_failures=max_failures),
-            verbose=verbose,
-        ),
+    tuner = make_tuner(
+        trainable, param_space={"trial": tune.grid_search(units)}, name=experiment_name(), storage_path=tune_dir,
+        callbacks=[writer, ProgressView({s.trial_id: s.train_size * s.epochs for s in specs})],
+        checkpoint_config=tune.CheckpointConfig(num_to_keep=CHECKPOINTS_KEPT),
+        # A failed or preempted trial goes on from its last checkpoint, up to this many times.
+        max_failures=max_failures, verbose=verbose,
     )
     return tuner.fit(), writer.written
 

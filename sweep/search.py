@@ -21,16 +21,14 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-import platform
-import time
 from pathlib import Path
 
 from ray.tune import Callback
 
 from sweep.checks import cannot_start
 from sweep.grid import TrialSpec
-from sweep.runner import library_versions, result_fields, trial_error
-from sweep.store import filesystem, join, parent, stored_trial_ids, write_row
+from sweep.runner import land_row, make_tuner, trial_error
+from sweep.store import filesystem, join, parent, stored_trial_ids
 
 VAL_METRIC = "val_metric"  # the only figure the search reads: the held-out part of the training subset
 FINISHED = ("ok", "diverged", "pruned")  # rows of trials a resumed study does not run again
@@ -91,9 +89,10 @@ def startup_trials(num_samples: int) -> int:
     return max(2, min(10, num_samples // 3))
 
 
-def tune_config(spec: TrialSpec, num_layers: int, num_samples: int):
+def search_options(spec: TrialSpec, num_layers: int, num_samples: int) -> dict:
+    """What a cell's Tuner adds to the common set-up (sweep.runner.make_tuner): Optuna's sampler, ASHA, the
+    budget."""
     import optuna
-    from ray import tune
     from ray.tune.schedulers import ASHAScheduler
     from ray.tune.search.optuna import OptunaSearch
 
@@ -105,11 +104,7 @@ def tune_config(spec: TrialSpec, num_layers: int, num_samples: int):
     # OptunaSearch uses no Optuna pruner: early stopping is ASHA's, on the same held-out metric, per epoch.
     scheduler = ASHAScheduler(time_attr="epoch", metric=VAL_METRIC, mode="max", max_t=spec.epochs, grace_period=1,
                               reduction_factor=3)
-    return tune.TuneConfig(
-        search_alg=searcher, scheduler=scheduler, num_samples=num_samples, reuse_actors=True,
-        trial_name_creator=lambda t: t.config["trial"]["trial_id"],
-        trial_dirname_creator=lambda t: t.config["trial"]["trial_id"],
-    )
+    return {"search_alg": searcher, "scheduler": scheduler, "num_samples": num_samples}
 
 
 class SearchRowWriter(Callback):
@@ -122,20 +117,15 @@ class SearchRowWriter(Callback):
     def _write(self, trial, status: str | None, error: str | None) -> None:
         last = trial.last_result or {}
         epochs = trial.config["trial"]["finetune"]["epochs"]
-        row = {**trial.config["trial"]["row"], **result_fields(last), **library_versions(), "host": platform.node()}
-        row.update(
-            val_objective=last.get(VAL_METRIC),  # what Optuna was told: the last reported epoch's val_metric
-            val_metrics_by_epoch=last.get("val_metrics_by_epoch"),
-            epochs_run=int(last.get("epoch", 0)),
-            layer_lrs=last.get("layer_lrs"),
-        )
+        epochs_run = int(last.get("epoch", 0))
         if status is None:
             status = last.get("status", "error")
-            if status == "ok" and row["epochs_run"] < epochs:
+            if status == "ok" and epochs_run < epochs:
                 status = "pruned"  # ASHA stopped it
-        row["status"], row["error"] = status, error
-        row["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-        write_row(self.folder, row)
+        row = land_row(self.folder, trial.config["trial"]["row"], last, status, error,
+                       val_objective=last.get(VAL_METRIC),  # what Optuna was told: the last epoch's val_metric
+                       val_metrics_by_epoch=last.get("val_metrics_by_epoch"), epochs_run=epochs_run,
+                       layer_lrs=last.get("layer_lrs"))
         done = count_rows(self.folder, f"{self.cell}-s")
         shown = " ".join(f"{m:.3g}" for m in row["multipliers"])
         val, dev = row["val_objective"], row.get("dev_metric")
@@ -171,15 +161,9 @@ def search_cell(spec: TrialSpec, num_layers: int, num_samples: int, trainable, f
         # running start again, errored ones are retried.
         tuner = tune.Tuner.restore(str(path), trainable, resume_unfinished=True, resume_errored=True)
     else:
-        tuner = tune.Tuner(
-            trainable,
-            tune_config=tune_config(spec, num_layers, num_samples),
-            run_config=tune.RunConfig(
-                name=spec.trial_id, storage_path=str(parent(path)), verbose=0,
-                callbacks=[SearchRowWriter(folder, spec.trial_id, num_samples)],
-                failure_config=tune.FailureConfig(max_failures=0),
-            ),
-        )
+        tuner = make_tuner(trainable, name=spec.trial_id, storage_path=parent(path), max_failures=0,
+                           callbacks=[SearchRowWriter(folder, spec.trial_id, num_samples)],
+                           **search_options(spec, num_layers, num_samples))
     tuner.fit()
     return spec.trial_id
 
@@ -254,7 +238,7 @@ def unfinished_cells(specs: list[TrialSpec], folder: Path | str, num_samples: in
     """The cells whose study has fewer than `num_samples` finished rows."""
     import pyarrow.fs
 
-    from analysis.results import read_results
+    from trialrows.read import read_results
 
     fs, path = filesystem(folder)
     if not fs.get_file_info(path).type == pyarrow.fs.FileType.Directory:
@@ -264,3 +248,14 @@ def unfinished_cells(specs: list[TrialSpec], folder: Path | str, num_samples: in
         return list(specs)
     done = rows[rows["status"].isin(FINISHED)].groupby("cell")["trial_id"].nunique()
     return [s for s in specs if done.get(s.trial_id, 0) < num_samples]
+
+
+def plan_searches(specs: list[TrialSpec], folder, options, read: bool = True):
+    """The registry's plan for lr-multipliers (see sweep.cli.plan_trials): a spec is a cell, a study of
+    --num-samples trials, done once that many of its trials finished."""
+    from trialrows.summaries import best_table
+
+    todo = unfinished_cells(specs, folder, options.num_samples) if read else list(specs)
+    note = (f"(trials above are cells: each is an Optuna study of --num-samples {options.num_samples} trials, "
+            f"{len(specs) * options.num_samples:,} trials in all)")
+    return todo, planned_rows(specs, options.num_samples), FINISHED, best_table, note

@@ -73,11 +73,11 @@ def trial_table(plans: list[dict], stored: pd.DataFrame) -> pd.DataFrame:
 
 
 def cell_columns(trials: pd.DataFrame) -> list[str]:
-    """The condition columns (analysis's) that tell the sweep's cells apart: task and size always, the
+    """The condition columns (trialrows.summaries') that tell the sweep's cells apart: task and size always, the
     others where they vary."""
-    from analysis.stats import condition_columns
+    from trialrows.summaries import condition_columns
 
-    # `state` is this table's own column, not a setting (analysis counts an undeclared column as one).
+    # `state` is this table's own column, not a setting (the schema counts an undeclared column as one).
     columns = [c for c in condition_columns(trials.drop(columns="state")) if c != "metric_name"]
     return [c for c in columns if c in ALWAYS_SHOWN or trials[c].nunique(dropna=False) > 1]
 
@@ -125,7 +125,7 @@ def status(storage: str, name: str) -> str:
     if fs.get_file_info(path).type != pyarrow.fs.FileType.Directory:
         raise SystemExit(f"NAME: no sweep '{name}' under --storage {storage} ({sweep} does not exist); "
                          f"sweeps there: {', '.join(sweep_names(storage)) or 'none'}")
-    from analysis.results import read_results
+    from trialrows.read import read_results
 
     plans = read_plans(sweep)
     stored = read_results(rows_dir(storage, name)) if is_dir(rows_dir(storage, name)) else pd.DataFrame(

@@ -5,12 +5,12 @@ A file appears whole or not at all, so a crash, a second sweep writing into the 
 reading mid-sweep never meets half a file; and since the name is the trial_id, a trial that is run again
 replaces its row instead of adding a second one. On a local or network file system a file is written aside
 under a hidden name, then renamed; on an object store (s3://, gs://) one upload is already all-or-nothing,
-so it goes straight to its key. Every file has the declared row schema (`analysis.schema`).
+so it goes straight to its key. Every file has the declared row schema (`trialrows.schema`).
 
 Compaction never loses a row: a part file is complete before any file it holds is deleted, and a file is
 deleted only if it is still the one that was read (a trial rewritten meanwhile keeps its new file). A crash
 in between, or two compactions at once, leave a row in two files; readers keep one row per trial
-(`analysis.results.unique_trials`). Parts merge like a log-structured tree: `FANOUT` parts of one level
+(`trialrows.read.unique_trials`). Parts merge like a log-structured tree: `FANOUT` parts of one level
 become one part of the next, so each row is rewritten a few times at most.
 
 Storage is a local folder or any URI pyarrow.fs understands (s3://bucket/prefix, gs://bucket/prefix,
@@ -29,8 +29,8 @@ import pyarrow as pa
 import pyarrow.fs
 import pyarrow.parquet as pq
 
-from analysis.results import FINISHED, read_files, read_results
-from analysis.schema import rows_table
+from trialrows.read import FINISHED, read_files, read_results
+from trialrows.schema import rows_table
 
 OBJECT_STORES = ("s3", "gcs")  # pyarrow.fs type names whose uploads appear whole or not at all
 COMPACT_AT = 100  # single-row files that make a part file: 50,000 rows would otherwise be 50,000 files

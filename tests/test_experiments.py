@@ -22,6 +22,9 @@ PAPER_COUNTS = {
     "sequential": "total: 27 trials",  # 3 final x 3 intermediate (diagonal: direct) x 3 trials at 5k
     "lr-multipliers": "total: 39 trials",  # cells: 3 tasks x 13 k at 500, 1 trial index; a study per cell
     "probing": "total: 312 trials",  # the paper's full training splits: 3 tasks x 13 layers (0..12) x 8 trials
+    "sublayer": "total: 225 trials",  # 3 tasks x (12 layers x 2 blocks + the full model) x 3 trials at 5k
+    "alternate": "total: 18 trials",  # 3 tasks x 2 parities x 3 trials at 5k
+    "scratch": "total: 9 trials",  # 3 tasks x 3 trials at 5k
 }
 
 

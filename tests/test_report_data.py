@@ -170,6 +170,28 @@ def make_records(seed: int = 0) -> list[dict]:
         value = _curve(TASKS["sst2"], 1.0, 5000) + rng.normal(0, 0.01)
         rows.append(_row(rng, "lr-multipliers", "sst2", 5000, 0, [], metric=TASKS["sst2"], value=value,
                          multipliers=multipliers, cell=cell, val_objective=value + rng.normal(0, 0.005)))
+    # the attention or feed-forward block of one layer reset; sublayer null: the full model
+    for task in ("sst2", "cola"):
+        metric = TASKS[task]
+        base = _curve(metric, 1.0, 5000)
+        for t in range(2):
+            rows.append(_row(rng, "sublayer", task, 5000, t, [], metric=metric, value=base + rng.normal(0, 0.005),
+                             layer=None, sublayer=None))
+            for layer in (1, 12):
+                for part, shift in (("attention", -0.01), ("feed-forward", -0.02)):
+                    rows.append(_row(rng, "sublayer", task, 5000, t, [], metric=metric, layer=layer, sublayer=part,
+                                     value=base + shift * (layer == 1) + rng.normal(0, 0.005)))
+    # every other layer reset
+    for task in ("sst2", "cola"):
+        for t in range(2):
+            for parity, first in (("odd", 1), ("even", 2)):
+                rows.append(_row(rng, "alternate", task, 5000, t, range(first, L + 1, 2), metric=TASKS[task],
+                                 value=_curve(TASKS[task], 0.5, 5000) + rng.normal(0, 0.01), parity=parity))
+    # everything reset, the embeddings too
+    for task in ("sst2", "cola"):
+        for t in range(2):
+            rows.append(_row(rng, "scratch", task, 5000, t, range(1, L + 1), metric=TASKS[task],
+                             value=_curve(TASKS[task], 0.0, 5000) - 0.01 + rng.normal(0, 0.01), reinit_embeddings=True))
     # an experiment no table knows: still reported
     for t in range(2):
         rows.append(_row(rng, "mystery", "sst2", 500, t, [1], metric=TASKS["sst2"], value=0.8 + 0.01 * t))

@@ -204,13 +204,112 @@ def _(ablation: HeadReinit, model: nn.Module, seed: int) -> nn.Module:
     return model
 
 
+SUBLAYERS = ("attention", "feed-forward")
+
+
+@dataclasses.dataclass(frozen=True)
+class SublayerReinit:
+    """Reinitialize one block of each given layer (1-based): its attention (query, key, value and output
+    projections, and DeBERTa's own relative-position projections) or its feed-forward block, each with the
+    LayerNorm that follows it (kept with keep_layernorm). The rest of the layer stays pretrained."""
+
+    layers: tuple[int, ...]
+    sublayer: str
+    mode: str = "intended"
+    keep_layernorm: bool = False
+
+    def __post_init__(self):
+        if self.mode not in REINIT_MODES:
+            raise ValueError(f"reinit_mode '{self.mode}' is not one of {', '.join(REINIT_MODES)}")
+        if self.sublayer not in SUBLAYERS:
+            raise ValueError(f"sublayer '{self.sublayer}' is not one of {', '.join(SUBLAYERS)}")
+        object.__setattr__(self, "layers", tuple(sorted(set(int(i) for i in self.layers))))
+
+    def columns(self) -> dict:
+        # No whole layer is new: reinit_layers stays empty, so learning-rate multipliers leave it alone.
+        return {"reinit_layers": [], "reinit_mode": self.mode, "keep_layernorm": self.keep_layernorm,
+                "reinit_pooler": False}
+
+
+@apply_ablation.register
+def _(ablation: SublayerReinit, model: nn.Module, seed: int) -> nn.Module:
+    stack = layer_stack(model)
+    bad = [i for i in ablation.layers if not 1 <= i <= len(stack)]
+    if bad:
+        raise ValueError(f"sublayer layers {bad} are outside 1..{len(stack)} for this {len(stack)}-layer model")
+    fam = family(model.config)
+    part = SUBLAYERS.index(ablation.sublayer)
+    for i in ablation.layers:
+        layer = stack[i - 1]
+        if part == 0:
+            inputs, output = attention_projections(model, layer)
+            modules = [*inputs, output]
+        else:
+            modules = [layer.get_submodule(path) for path in fam.feed_forward]
+        modules.append(layer.get_submodule(fam.layer_norms[part]))
+        # Its own stream per (layer, block): the attention draw is the same whether or not the feed-forward
+        # block of that layer is reset too.
+        generator = layer_generator(seed, SUBLAYER_STREAM + 10 * i + part)
+        for module in modules:
+            reinit_module(module, ablation.mode, ablation.keep_layernorm, generator)
+    return model
+
+
+SUBLAYER_STREAM = 0x5B1A0000
+
+
+@dataclasses.dataclass(frozen=True)
+class Scratch:
+    """Every layer as Reinit draws it, and every other pretrained part of the encoder but the pooler too:
+    the embeddings (word, position, token type, their LayerNorm; ELECTRA's projection; DeBERTa's relative
+    positions), drawn as BERT initializes them (N(0, 0.02) truncated, padding rows zero, LayerNorm the
+    identity). Nothing pretrained is left but the tokenizer (and the pooler, unless reinit_pooler). In
+    paper-code mode the layers are drawn as the original code drew them; the rest, which that code never
+    reset, as intended."""
+
+    layers: tuple[int, ...]
+    mode: str = "intended"
+    reinit_pooler: bool = False
+
+    def __post_init__(self):
+        if self.mode not in REINIT_MODES:
+            raise ValueError(f"reinit_mode '{self.mode}' is not one of {', '.join(REINIT_MODES)}")
+        object.__setattr__(self, "layers", tuple(sorted(set(int(i) for i in self.layers))))
+
+    def columns(self) -> dict:
+        return {"reinit_layers": list(self.layers), "reinit_mode": self.mode, "keep_layernorm": False,
+                "reinit_pooler": self.reinit_pooler, "reinit_embeddings": True}
+
+
+EMBEDDINGS_STREAM = 0xE3B  # keeps the embeddings' draw apart from every layer's (layers use 0..L)
+
+
+@apply_ablation.register
+def _(ablation: Scratch, model: nn.Module, seed: int) -> nn.Module:
+    # The layers get the very draws of Reinit (incremental k = 0): the two differ in the embeddings alone.
+    apply_ablation(Reinit(ablation.layers, ablation.mode, reinit_pooler=ablation.reinit_pooler), model, seed)
+    base = getattr(model, "base_model", model)
+    found = pooler(model)
+    done = {id(p) for part in (layer_stack(model), found) if part is not None for p in part.parameters()}
+    generator = layer_generator(seed, EMBEDDINGS_STREAM)
+    with torch.no_grad():
+        for module in base.modules():
+            if any(id(p) not in done for p in module.parameters(recurse=False)):
+                reinit_module(module, "intended", keep_layernorm=False, generator=generator)
+                done |= {id(p) for p in module.parameters()}
+                if isinstance(module, nn.Embedding) and module.padding_idx is not None:
+                    module.weight[module.padding_idx].zero_()
+    return model
+
+
 def reinitialized_layers(ablation) -> tuple[int, ...]:
     """The layers (1-based) an ablation replaced with fresh weights: those a learning-rate multiplier scales."""
     return tuple(ablation.columns()["reinit_layers"])
 
 
 # The ablations a trial config may name; the dict form is what travels in Ray configs and Parquet rows.
-ABLATIONS = {"reinit": Reinit, "permute": Permute, "head": HeadReinit}
+ABLATIONS = {"reinit": Reinit, "permute": Permute, "head": HeadReinit, "sublayer": SublayerReinit,
+             "scratch": Scratch}
 
 
 def ablation_to_dict(ablation) -> dict:

@@ -1,0 +1,115 @@
+"""Reading the Parquet results store; needs nothing but the files.
+
+The store is read once, through `pyarrow.dataset` (files read in parallel; local folders, file://, s3://,
+gs://), with the declared row schema (`trialrows.schema`) widened by any column a file adds, so files of any
+age and kind read together. `read_results` returns one row per trial (analysis.load prepares them for its
+tables and figures).
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.fs
+
+from trialrows.schema import SCHEMA
+
+FINISHED = ("ok", "diverged")  # a trial with such a row is done: running it again gives the same answer
+
+
+def _visible(name: str) -> bool:
+    # Dot- and underscore-prefixed names are rows still being written (or other tools' metadata).
+    return name.endswith(".parquet") and not name.startswith((".", "_"))
+
+
+def row_files(path) -> tuple[pyarrow.fs.FileSystem, list[str]]:
+    """(file system, row files) under `path`: a local folder or file, or a URI (s3://bucket/prefix,
+    gs://..., file:///...)."""
+    path = str(path)
+    if "://" in path:
+        fs, root = pyarrow.fs.FileSystem.from_uri(path)
+    else:
+        fs, root = pyarrow.fs.LocalFileSystem(), str(Path(path).expanduser().resolve())
+    info = fs.get_file_info(root)
+    if info.type == pyarrow.fs.FileType.File:
+        return fs, [root]
+    if info.type != pyarrow.fs.FileType.Directory:
+        raise FileNotFoundError(f"results path '{path}' does not exist")
+    found = fs.get_file_info(pyarrow.fs.FileSelector(root, recursive=True))
+    return fs, sorted(f.path for f in found if f.is_file and _visible(f.base_name))
+
+
+def result_files(path) -> list[str]:
+    """The row files under `path` (hidden names, rows still being written, are left out)."""
+    return row_files(path)[1]
+
+
+def read_table(path, columns: list[str] | None = None, attempts: int = 10) -> pa.Table:
+    """Every row under `path` as stored (a trial written twice appears twice), one Arrow table. A file that
+    vanishes between listing and reading (a compaction moved its rows into a part file, and is deleting the
+    files it merged) means: wait a moment and list again."""
+    for attempt in range(attempts - 1):
+        try:
+            return read_files(*row_files(path), columns=columns)
+        except FileNotFoundError:
+            time.sleep(0.02 * (attempt + 1))
+    return read_files(*row_files(path), columns=columns)
+
+
+def read_files(fs: pyarrow.fs.FileSystem, files: list[str], columns: list[str] | None = None) -> pa.Table:
+    """The rows of these files as one table: the declared schema, then any column a file adds."""
+    if not files:
+        schema = SCHEMA if columns is None else pa.schema([f for f in SCHEMA if f.name in columns])
+        return schema.empty_table()
+    factory = ds.FileSystemDatasetFactory(fs, files, ds.ParquetFileFormat())
+    found = factory.inspect(promote_options="permissive")
+    # The declared types win, so a file whose column is all null (or an older file's int) reads as declared.
+    schema = pa.schema([*SCHEMA, *(f for f in found if f.name not in SCHEMA.names)])
+    dataset = factory.finish(schema)
+    if columns is not None:
+        columns = [c for c in columns if c in schema.names]
+    return dataset.to_table(columns=columns)
+
+
+def read_results(path, columns: list[str] | None = None) -> pd.DataFrame:
+    """One row per trial under `path` (a storage folder, one sweep's folder, a single file, or a URI):
+    `unique_trials` of every row stored. `attrs['repeated_rows']` says how many rows it dropped."""
+    if columns is not None and "trial_id" in columns:
+        columns = list(dict.fromkeys([*columns, "status", "finished_at"]))
+    frame = read_table(path, columns).to_pandas(types_mapper={pa.int64(): pd.Int64Dtype()}.get)
+    unique = unique_trials(frame)
+    unique.attrs["repeated_rows"] = len(frame) - len(unique)
+    return unique
+
+
+def unique_trials(rows: pd.DataFrame) -> pd.DataFrame:
+    """One row per trial_id (the same trial copied into two folders or part files, or run again after it
+    failed): a row that is not an error if it has one, else its latest by `finished_at` (compared as
+    timestamps)."""
+    if "trial_id" not in rows.columns or rows["trial_id"].is_unique:
+        return rows.reset_index(drop=True)
+    status = rows["status"] if "status" in rows.columns else pd.Series("error", index=rows.index)
+    when = finished_times(rows)
+    order = rows.assign(_finished=status.notna() & status.ne("error"), _when=when)
+    order = order.sort_values(["_finished", "_when"], kind="stable", na_position="first")
+    keep = order.drop_duplicates("trial_id", keep="last").index.sort_values()
+    return rows.loc[keep].reset_index(drop=True)
+
+
+def finished_times(rows: pd.DataFrame) -> pd.Series:
+    """`finished_at` as UTC timestamps (rows written in different time zones compare correctly)."""
+    if "finished_at" not in rows.columns:
+        return pd.Series(pd.NaT, index=rows.index, dtype="datetime64[ns, UTC]")
+    return pd.to_datetime(rows["finished_at"], utc=True, format="ISO8601", errors="coerce")
+
+
+
+def as_list(value) -> list:
+    """A list cell (numpy array, list, tuple, or null) as a plain list."""
+    if value is None or (np.isscalar(value) and pd.isna(value)):
+        return []
+    return list(np.asarray(value).tolist())

@@ -1,0 +1,247 @@
+"""Per-condition statistics with honest intervals, every number from scipy, and a search's best trial per cell:
+what the sweep prints when it ends and the analysis reports.
+
+- Intervals: two-sided t-interval of the mean with n-1 degrees of freedom (`scipy.stats.t.interval`), the
+  sample standard deviation (ddof=1), and mean +- 2 std where the paper used it. One trial gives a mean
+  and no interval, said so in `note`.
+- Only trials with status 'ok' enter a mean; diverged and failed trials are counted (`excluded`, and by
+  kind in `diverged` and `failed`), never averaged.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from trialrows.read import as_list
+from trialrows.schema import settings
+
+# Columns a condition table always shows first, when the rows carry them.
+LEADING_COLUMNS = ["experiment", "task", "model", "train_size"]
+# Settings that other settings usually imply (reinit_layers by k or a block, a task file's labels by the
+# file): left out of a table's columns when they split nothing further.
+DERIVED = ("reinit_layers", "permutation", "multipliers", "label_names", "text_columns", "label_column",
+           "data_source", "model_type")
+
+ONE_TRIAL = "one trial: no interval"
+NO_TRIAL = "no finished trial"
+
+
+def t_interval(values, confidence: float = 0.95) -> tuple[float, float]:
+    """Two-sided t-interval of the mean; (nan, nan) for fewer than two values rather than a made-up one."""
+    values = np.asarray(values, dtype=float)
+    if len(values) < 2:
+        return float("nan"), float("nan")
+    if np.all(values == values[0]):  # zero spread: scipy would return nan from 0 * inf
+        return float(values[0]), float(values[0])
+    low, high = stats.t.interval(confidence, len(values) - 1, loc=values.mean(), scale=stats.sem(values))
+    return float(low), float(high)
+
+
+def describe(values, confidence: float = 0.95) -> dict:
+    """n, mean, std (ddof=1), t-interval, mean +- 2 std and a note for one sample of values."""
+    values = np.asarray(values, dtype=float)
+    n = len(values)
+    mean = float(values.mean()) if n else float("nan")
+    std = float(values.std(ddof=1)) if n > 1 else float("nan")
+    low, high = t_interval(values, confidence)
+    return {
+        "n": n,
+        "mean": mean,
+        "std": std,
+        "ci95_low": low,
+        "ci95_high": high,
+        "mean_minus_2std": mean - 2 * std,
+        "mean_plus_2std": mean + 2 * std,
+        "note": "" if n > 1 else (ONE_TRIAL if n else NO_TRIAL),
+    }
+
+
+def summarize(rows: pd.DataFrame, by: list[str], value: str = "dev_metric", confidence: float = 0.95,
+              pooled=()):
+    """One row per condition: per combination of `by` present in `rows`, split further by every setting
+    that varies within it (`split_settings`; so two settings are never pooled by accident) except those
+    named in `pooled`: `describe` of `value` over the finished trials, plus how many trials were left out
+    (`excluded` = `diverged` + `failed`; a finished trial without a value counts as failed)."""
+    rows = groupable(rows)
+    by = [c for c in by if c in rows.columns]
+    by += split_settings(rows, by, (*pooled, value))
+    columns = [*by, "n", "excluded", "diverged", "failed", "mean", "std", "ci95_low", "ci95_high",
+               "mean_minus_2std", "mean_plus_2std", "note"]
+    if rows.empty or value not in rows.columns:
+        return pd.DataFrame(columns=columns)
+    values = pd.to_numeric(rows[value], errors="coerce")
+    usable = (rows["status"] == "ok") & values.notna()
+    # Only the columns the groups need: slicing ~100 columns per group is what made this slow.
+    frame = rows[by].assign(_value=values.where(usable), _left=~usable, _diverged=rows["status"] == "diverged")
+    groups = frame.groupby(by, dropna=False, sort=False) if by else frame.groupby(np.zeros(len(frame)))
+    table = groups.agg(n=("_value", "count"), mean=("_value", "mean"), std=("_value", "std"),
+                       excluded=("_left", "sum"), diverged=("_diverged", "sum"))
+    table = (table.reset_index() if by else table.reset_index(drop=True))
+    n = table["n"].to_numpy()
+    half = stats.t.ppf((1 + confidence) / 2, np.maximum(n - 1, 1)) * table["std"].to_numpy() / np.sqrt(np.maximum(n, 1))
+    half = np.where(table["std"].to_numpy() == 0, 0.0, half)  # zero spread: an interval of one point
+    table["ci95_low"], table["ci95_high"] = table["mean"] - half, table["mean"] + half
+    table["mean_minus_2std"], table["mean_plus_2std"] = table["mean"] - 2 * table["std"], table["mean"] + 2 * table["std"]
+    table["failed"] = table["excluded"] - table["diverged"]
+    table["note"] = np.where(n > 1, "", np.where(n == 1, ONE_TRIAL, NO_TRIAL))
+    table = table.astype({"n": int, "excluded": int, "diverged": int, "failed": int})
+    return _sorted(table[columns], by)
+
+
+def _sorted(table: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """Rows in the order of `by`, nulls last; values of mixed types (a None beside strings) never raise."""
+    if table.empty or not by:
+        return table
+    key = lambda s: s.map(lambda v: (1, "") if _missing(v) else (0, str(v))) if s.dtype == object else s  # noqa: E731
+    return table.sort_values(by, key=key, kind="stable", na_position="last").reset_index(drop=True)
+
+
+def _missing(value) -> bool:
+    return value is None or (np.isscalar(value) and pd.isna(value))
+
+
+def groupable(rows: pd.DataFrame) -> pd.DataFrame:
+    """`rows` with list cells of setting columns as tuples, so they group (rows straight from Parquet, not
+    through results.prepare, hold numpy arrays there)."""
+    lists = [c for c in settings(rows.columns) if rows[c].dtype == object
+             and rows[c].map(lambda v: isinstance(v, (list, np.ndarray))).any()]
+    if not lists:
+        return rows
+    rows = rows.copy()
+    for column in lists:
+        rows[column] = rows[column].map(lambda v: tuple(np.asarray(v).tolist()) if isinstance(v, (list, np.ndarray)) else v)
+    return rows
+
+
+def split_settings(rows: pd.DataFrame, by: list[str], pooled=()) -> list[str]:
+    """The settings (trialrows.schema) outside `by` and `pooled` that take more than one value within a
+    group of `by`, less those the others imply (reinit_layers when k is there): the columns that keep
+    every condition apart."""
+    if rows.empty:
+        return []
+    codes = _Codes(rows)
+    groups = codes.of(by)
+    candidates = [c for c in settings(rows.columns) if c not in by and c not in pooled
+                  and _count(codes.of([c], groups)) > _count(groups)]
+    return implied_dropped(rows, by, candidates, codes)
+
+
+class _Codes:
+    """Integer codes of rows' values per column (null a value like any other), combined into group ids:
+    counting groups this way is one vectorised pass instead of a pandas groupby per question."""
+
+    def __init__(self, rows: pd.DataFrame):
+        self.rows, self.cache = groupable(rows), {}
+
+    def column(self, name: str) -> np.ndarray:
+        if name not in self.cache:
+            self.cache[name] = pd.factorize(self.rows[name], use_na_sentinel=False)[0]
+        return self.cache[name]
+
+    def of(self, columns, base: np.ndarray | None = None) -> np.ndarray:
+        ids = np.zeros(len(self.rows), dtype=np.int64) if base is None else base
+        for name in columns:
+            values = self.column(name)
+            ids = pd.factorize(ids * (int(values.max(initial=0)) + 1) + values)[0]
+        return ids
+
+
+
+def _count(ids: np.ndarray) -> int:
+    """How many groups the ids of `_Codes.of` make."""
+    return int(ids.max(initial=-1)) + 1
+
+
+def implied_dropped(rows: pd.DataFrame, fixed: list[str], extra: list[str], codes=None) -> list[str]:
+    """`extra` less each `DERIVED` column whose values the rest of `fixed` + `extra` already determine."""
+    codes = codes or _Codes(rows)
+    kept = list(extra)
+    groups = _count(codes.of([*fixed, *kept]))
+    for column in [c for c in extra if c in DERIVED]:
+        rest = [c for c in kept if c != column]
+        if _count(codes.of([*fixed, *rest])) == groups:
+            kept = rest
+    return kept
+
+
+def condition_columns(rows: pd.DataFrame) -> list[str]:
+    """The columns that tell conditions apart in `rows`: experiment, task, model and size, then every
+    setting (trialrows.schema) that varies, less those the others imply, then metric_name."""
+    lead = [c for c in LEADING_COLUMNS if c in rows.columns]
+    codes = _Codes(rows)
+    varying = [c for c in settings(rows.columns) if c not in lead and _count(codes.of([c])) > 1]
+    tail = ["metric_name"] if "metric_name" in rows.columns else []
+    return [*lead, *implied_dropped(rows, lead, varying, codes), *tail]
+
+
+def condition_table(rows: pd.DataFrame, value: str = "dev_metric") -> pd.DataFrame:
+    """n, mean, std, 95% t-interval and +-2 std per condition, from finished (status ok) trials only;
+    `excluded` counts the diverged and failed trials left out of each condition, by kind in `diverged`
+    and `failed`."""
+    return summarize(rows, condition_columns(rows), value)
+
+
+# --- the lr-multipliers search: per cell, its best trial against its baseline -------------------------------
+
+CELL_COLUMNS = ["cell", "task", "model", "train_size", "k", "group", "metric_name"]
+BEST_COLUMNS = [*CELL_COLUMNS, "trials", "completed", "pruned", "failed", "baseline_val", "baseline_dev",
+                "best_sample", "best_multipliers", "best_val", "best_dev", "dev_delta"]
+
+
+def search_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """The lr-multipliers rows, with the columns this module reads (rows written before a column existed
+    read as: trial order by row, one multiplier per layer, the range the multipliers span)."""
+    if rows.empty or "experiment" not in rows.columns or "multipliers" not in rows.columns:
+        return rows.iloc[0:0]
+    picked = rows[rows["experiment"] == "lr-multipliers"].copy()
+    defaults = {"cell": picked.get("trial_id"), "sample": np.arange(len(picked)), "group": "layer", "k": pd.NA,
+                "val_objective": np.nan, "val_metrics_by_epoch": None, "dev_metric": np.nan}
+    # A column every row leaves null is one the rows were written before (the schema holds every column).
+    for column, value in defaults.items():
+        if column not in picked.columns or picked[column].isna().all():
+            picked[column] = value
+    spread = picked["multipliers"].map(lambda v: as_list(v) or [np.nan])
+    for column, edge in (("multiplier_low", min), ("multiplier_high", max)):
+        if column not in picked.columns or picked[column].isna().all():
+            picked[column] = spread.map(edge).groupby(picked["cell"]).transform(edge)
+    return picked
+
+
+def _multipliers_text(value) -> str:
+    return " ".join(f"{m:.3g}" for m in as_list(value))
+
+
+def _is_baseline(value) -> bool:
+    values = as_list(value)
+    return bool(values) and all(m == 1.0 for m in values)
+
+
+def best_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per cell: the best completed trial by the validation objective, its multipliers (layers 1..L) and dev
+    metric, against the baseline trial of the same cell (every multiplier 1; same subset, seed and held-out
+    part, so the difference is the multipliers' alone). `dev_delta` = best_dev - baseline_dev."""
+    picked = search_rows(rows)
+    if picked.empty:
+        return pd.DataFrame(columns=BEST_COLUMNS)
+    records = []
+    for cell, group in picked.groupby("cell", sort=False):
+        first = group.iloc[0]
+        completed = group[(group["status"] == "ok") & group["val_objective"].notna()]
+        baseline = group[group["multipliers"].map(_is_baseline) & (group["status"] == "ok")]
+        record = {column: first.get(column) for column in CELL_COLUMNS}
+        record.update(
+            trials=len(group), completed=len(completed), pruned=int((group["status"] == "pruned").sum()),
+            failed=int(group["status"].isin(["error", "diverged"]).sum()),
+            baseline_val=baseline["val_objective"].iloc[0] if len(baseline) else np.nan,
+            baseline_dev=baseline["dev_metric"].iloc[0] if len(baseline) else np.nan,
+        )
+        if len(completed):
+            # Ties go to the earliest trial (the baseline is trial 0): a search must beat it to count.
+            best = completed.sort_values(["val_objective", "sample"], ascending=[False, True]).iloc[0]
+            record.update(best_sample=int(best["sample"]), best_multipliers=_multipliers_text(best["multipliers"]),
+                          best_val=best["val_objective"], best_dev=best["dev_metric"])
+        records.append(record)
+    table = pd.DataFrame.from_records(records, columns=BEST_COLUMNS)
+    table["dev_delta"] = table["best_dev"] - table["baseline_dev"]
+    return table.sort_values(["task", "model", "train_size", "k", "group"]).reset_index(drop=True)
