@@ -27,7 +27,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from trainables.finetune import training_state  # noqa: E402
+from trainables.finetune import Progress, training_state  # noqa: E402
 
 
 def models():
@@ -58,8 +58,7 @@ def measure(model, storage: Path, repeats: int) -> dict:
     size = 0
     for i in range(repeats):
         tick = time.perf_counter()
-        state = training_state(1, model, optimizer, scheduler, rng, [0.5], [], flops=0.0, train_seconds=0.0,
-                               eval_seconds=0.0, wall_seconds=0.0)
+        state = training_state(1, model, optimizer, scheduler, rng, Progress(by_epoch=[0.5], dev_epochs=[1]))
         times["state"].append(time.perf_counter() - tick)
         folder = tempfile.mkdtemp(prefix="checkpoint-cost-")
         tick = time.perf_counter()

@@ -283,7 +283,39 @@ def train_epoch(model, split: TokenizedSplit, rows, cfg: FinetuneConfig, optimiz
     return EpochStats(float(torch.stack(losses).mean()), flops, int(clipped))
 
 
-def training_state(epoch: int, model, optimizer, scheduler, rng, by_epoch, dev_epochs, val_by_epoch, **counters) -> dict:
+@dataclasses.dataclass
+class Progress:
+    """A run's figures so far: what each epoch adds to, a checkpoint saves and a resumed run starts from."""
+
+    flops: float = 0.0
+    train_seconds: float = 0.0
+    eval_seconds: float = 0.0
+    wall_seconds: float = 0.0  # of the run before it was resumed (the current stretch is timed separately)
+    clipped_steps: int = 0
+    # The dev metric at each epoch it was evaluated, and those epochs. No nan placeholders: every logger
+    # (TensorBoard's among them) would warn about them at every report.
+    by_epoch: list[float] = dataclasses.field(default_factory=list)
+    dev_epochs: list[int] = dataclasses.field(default_factory=list)
+    val_by_epoch: list[float] = dataclasses.field(default_factory=list)  # the search's held-out objective
+    phase_one: dict = dataclasses.field(default_factory=dict)  # sequential finetuning's intermediate phase
+
+    @classmethod
+    def from_state(cls, state: dict) -> "Progress":
+        by_epoch = list(state["by_epoch"])
+        return cls(state["flops"], state["train_seconds"], state["eval_seconds"], state["wall_seconds"],
+                   state.get("clipped_steps", 0), by_epoch,
+                   list(state.get("dev_epochs", range(1, len(by_epoch) + 1))),  # older states: every epoch
+                   list(state["val_by_epoch"]), state.get("phase_one", {}))
+
+    def figures(self, wall_seconds: float, device: torch.device) -> dict:
+        """The columns of a row that this record holds, `wall_seconds` the run's in all."""
+        return {"dev_metrics_by_epoch": list(self.by_epoch), "dev_epochs": list(self.dev_epochs),
+                "clipped_steps": self.clipped_steps, "train_seconds": self.train_seconds,
+                "eval_seconds": self.eval_seconds, "wall_seconds": wall_seconds,
+                **cost_fields(self.flops, self.train_seconds + self.eval_seconds, device), **self.phase_one}
+
+
+def training_state(epoch: int, model, optimizer, scheduler, rng, progress: Progress) -> dict:
     """All a run needs to continue after `epoch` as if it had never stopped: weights, optimizer and schedule,
     the batch-order and dropout random streams, the figures so far. Tensors are the live ones (no copy):
     write them out before training goes on."""
@@ -295,16 +327,13 @@ def training_state(epoch: int, model, optimizer, scheduler, rng, by_epoch, dev_e
         "batch_rng": rng.bit_generator.state,
         "torch_rng": torch.get_rng_state(),
         "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        "by_epoch": list(by_epoch),
-        "dev_epochs": list(dev_epochs),
-        "val_by_epoch": list(val_by_epoch),
-        **counters,  # flops, train_seconds, eval_seconds, wall_seconds, clipped_steps so far
+        **dataclasses.asdict(progress),  # copies of its lists: the run goes on appending to its own
     }
 
 
-def load_training_state(state: dict, model, optimizer, scheduler, rng) -> int:
+def load_training_state(state: dict, model, optimizer, scheduler, rng) -> tuple[int, Progress]:
     """Put a `training_state` back into a freshly built model, optimizer, schedule and batch-order stream;
-    returns the epoch it was saved after."""
+    returns the epoch it was saved after and the figures up to it."""
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
@@ -312,7 +341,7 @@ def load_training_state(state: dict, model, optimizer, scheduler, rng) -> int:
     torch.set_rng_state(state["torch_rng"])
     if torch.cuda.is_available() and len(state["cuda_rng"]) == torch.cuda.device_count():
         torch.cuda.set_rng_state_all(state["cuda_rng"])
-    return int(state["epoch"])
+    return int(state["epoch"]), Progress.from_state(state)
 
 
 def evaluated_at(epoch: int, cfg: FinetuneConfig) -> bool:
@@ -343,6 +372,15 @@ def finetune_intermediate(model, cfg: FinetuneConfig, intermediate: TokenizedTas
     return flops, seconds, weight_distance(start, first)
 
 
+def training_split(cfg: FinetuneConfig, data: TokenizedTask):
+    """(rows the trial trains on, its held-out examples, those as a split or None): the subset drawn by
+    `subset_seed`, less the part a search holds out for its objective (which never reads data.validation)."""
+    examples = draw_subset(example_count(data.train), cfg.train_size, cfg.subset_seed)
+    examples, held = hold_out(examples, cfg.val_size, cfg.subset_seed)
+    select = select_questions if isinstance(data.train, QASplit) else select_rows
+    return example_rows(data.train, examples), held, select(data.train, held) if len(held) else None
+
+
 def finetune(
     cfg: FinetuneConfig,
     data: TokenizedTask,
@@ -362,101 +400,61 @@ def finetune(
     apply_ablation(cfg.ablation, model, cfg.seed)
     compute = Compute(pick_device(cfg.gpu_fraction), cfg.precision, int(pretrained.config.pad_token_id or 0),
                       (non_embedding_params(model), len(layer_stack(model)), int(pretrained.config.hidden_size)))
-    flops = train_seconds = eval_seconds = 0.0
-    clipped_steps, phase_one = 0, {}
+    progress = Progress()
     if cfg.intermediate_task is not None and resume is None:  # a saved state is past the intermediate task
-        flops, train_seconds, moved = finetune_intermediate(model, cfg, intermediate, pretrained, compute)
-        phase_one = {"intermediate_weight_distance": moved}
+        flops, seconds, moved = finetune_intermediate(model, cfg, intermediate, pretrained, compute)
+        progress = Progress(flops=flops, train_seconds=seconds, phase_one={"intermediate_weight_distance": moved})
     model.to(compute.device)
     start_weights = layer_weights(model)  # weight change is measured from here: the final task's start
-
-    examples = draw_subset(example_count(data.train), cfg.train_size, cfg.subset_seed)
-    examples, held = hold_out(examples, cfg.val_size, cfg.subset_seed)
-    # The search's objective reads this part of the training split alone: never data.validation.
-    select = select_questions if isinstance(data.train, QASplit) else select_rows
-    held_split = select(data.train, held) if len(held) else None
-    rows = example_rows(data.train, examples)
-    val_by_epoch: list[float] = []
+    rows, held, held_split = training_split(cfg, data)
     rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 1]))  # batch order, independent of the subset
     optimizer, scheduler = make_optimizer(model, cfg, rows)
-
     peak_flops(str(compute.device))  # a CPU peak is measured now (then cached), outside every timed stretch
-    # The dev metric at each epoch it was evaluated, and those epochs. No nan placeholders: every logger
-    # (TensorBoard's among them) would warn about them at every report.
-    by_epoch: list[float] = []
-    dev_epochs: list[int] = []
-    result: dict = {}
-    status = "ok"
     torch.manual_seed(cfg.seed)  # dropout draws from the global stream: start it at the same place every run
     resumed_from = 0
     if resume is not None:
-        resumed_from = load_training_state(resume, model, optimizer, scheduler, rng)
-        by_epoch, val_by_epoch = list(resume["by_epoch"]), list(resume["val_by_epoch"])
-        dev_epochs = list(resume.get("dev_epochs", range(1, len(by_epoch) + 1)))  # older states: every epoch
-        flops, train_seconds, eval_seconds = resume["flops"], resume["train_seconds"], resume["eval_seconds"]
-        clipped_steps, phase_one = resume.get("clipped_steps", 0), resume.get("phase_one", {})
-        started -= resume["wall_seconds"]
+        resumed_from, progress = load_training_state(resume, model, optimizer, scheduler, rng)
+    fixed = {"epochs": cfg.epochs, "metric_name": data.metric, "model_type": pretrained.model_type, **data.columns(),
+             "max_grad_norm": cfg.max_grad_norm, "eval_every": cfg.eval_every, "precision": cfg.precision,
+             "recipe_version": RECIPE_VERSION, "resumed_from_epoch": resumed_from}
+    if cfg.layer_lr_multipliers is not None:  # what the optimizer really got, layers 1..L
+        fixed["layer_lrs"] = [g["initial_lr"] for g in optimizer.param_groups
+                              if g["name"].startswith("layer_") and not g["name"].endswith("/no-decay")]
+    result: dict = {}
     for epoch in range(resumed_from + 1, cfg.epochs + 1):
         tick = time.perf_counter()
         stats = train_epoch(model, data.train, rows, cfg, optimizer, scheduler, rng, compute)
-        flops, clipped_steps = flops + stats.flops, clipped_steps + stats.clipped_steps
         compute.synchronize()
-        train_seconds += time.perf_counter() - tick
-        if not math.isfinite(stats.loss):
-            status = "diverged"  # its dev metric would mean nothing: not evaluated
+        progress.train_seconds += time.perf_counter() - tick
+        progress.flops += stats.flops
+        progress.clipped_steps += stats.clipped_steps
+        status = "ok" if math.isfinite(stats.loss) else "diverged"  # then its dev metric would mean nothing
 
-        metrics = {}
-        tick = time.perf_counter()
+        tick, metrics = time.perf_counter(), {}
         if status == "ok" and evaluated_at(epoch, cfg):
             metrics = evaluate(model, data.validation, data.definition, cfg.eval_batch_size, compute)
-            flops += compute.flops(data.validation.lengths, train=False)
-        if metrics:
-            by_epoch.append(float(metrics[data.metric]))
-            dev_epochs.append(epoch)
+            progress.flops += compute.flops(data.validation.lengths, train=False)
+            progress.by_epoch.append(float(metrics[data.metric]))
+            progress.dev_epochs.append(epoch)
         if held_split is not None:  # the search's objective: every epoch, for ASHA (which needs it in every report)
             val = evaluate(model, held_split, data.definition, cfg.eval_batch_size, compute)
-            flops += compute.flops(held_split.lengths, train=False)
-            val_by_epoch.append(float(val[data.metric]))
-        eval_seconds += time.perf_counter() - tick
+            progress.flops += compute.flops(held_split.lengths, train=False)
+            progress.val_by_epoch.append(float(val[data.metric]))
+        progress.eval_seconds += time.perf_counter() - tick
 
-        result = {
-            "status": status,
-            "epoch": epoch,
-            "epochs": cfg.epochs,
-            "epochs_run": epoch,
-            "train_loss": stats.loss,
-            "lr_last": float(scheduler.get_last_lr()[0]),
-            "metric_name": data.metric,
-            "model_type": pretrained.model_type,
-            **data.columns(),
-            **({"dev_metric": by_epoch[-1]} if metrics else {}),
-            "dev_metrics_by_epoch": list(by_epoch),
-            "dev_epochs": list(dev_epochs),
-            **{f"dev_{name}": float(value) for name, value in metrics.items()},
-            "max_grad_norm": cfg.max_grad_norm,
-            "clipped_steps": clipped_steps,
-            "eval_every": cfg.eval_every,
-            "precision": cfg.precision,
-            "recipe_version": RECIPE_VERSION,
-            "train_seconds": train_seconds,
-            "eval_seconds": eval_seconds,
-            "wall_seconds": time.perf_counter() - started,
-            **cost_fields(flops, train_seconds + eval_seconds, compute.device),
-            **phase_one,
-        }
+        wall_seconds = progress.wall_seconds + time.perf_counter() - started
+        result = {**fixed, "status": status, "epoch": epoch, "epochs_run": epoch, "train_loss": stats.loss,
+                  "lr_last": float(scheduler.get_last_lr()[0]), **progress.figures(wall_seconds, compute.device),
+                  **({"dev_metric": progress.by_epoch[-1]} if metrics else {}),
+                  **{f"dev_{name}": float(value) for name, value in metrics.items()}}
         if held_split is not None:
-            result.update(val_metric=val_by_epoch[-1], val_metrics_by_epoch=list(val_by_epoch), val_size=len(held))
-        if cfg.layer_lr_multipliers is not None:  # what the optimizer really got, layers 1..L
-            result["layer_lrs"] = [g["initial_lr"] for g in optimizer.param_groups
-                                   if g["name"].startswith("layer_") and not g["name"].endswith("/no-decay")]
+            result.update(val_metric=progress.val_by_epoch[-1], val_metrics_by_epoch=list(progress.val_by_epoch),
+                          val_size=len(held))
         if epoch == cfg.epochs or status != "ok":
             result["weight_distance"] = weight_distance(start_weights, model)
-        result["resumed_from_epoch"] = resumed_from
         if save is not None and epoch < cfg.epochs and status == "ok":
-            save(training_state(epoch, model, optimizer, scheduler, rng, by_epoch, dev_epochs, val_by_epoch,
-                                flops=flops, train_seconds=train_seconds, eval_seconds=eval_seconds,
-                                clipped_steps=clipped_steps, phase_one=phase_one,
-                                wall_seconds=time.perf_counter() - started))
+            save(training_state(epoch, model, optimizer, scheduler, rng,
+                                dataclasses.replace(progress, wall_seconds=wall_seconds)))
         if report is not None:
             report(result)
         if status != "ok":
