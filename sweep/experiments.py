@@ -198,17 +198,17 @@ def trial_seeds(base_seed: int, trial_index: int) -> tuple[int, int]:
 
 
 def trial(settings: GridSettings, experiment: str, task: str, size: int, trial_index: int, ablation,
-          labels: dict | None = None, **extra):
+          own_columns: dict | None = None, **extra):
     """A trial with the settings' common fields; the trial index alone sets both seeds, so every condition
-    of one index trains on the same subset with the same head and batch order (a paired design). `labels`
+    of one index trains on the same subset with the same head and batch order (a paired design). `own_columns`
     are the experiment's own row columns."""
-    labels = dict(labels or {})
+    own_columns = dict(own_columns or {})
     subset_seed, seed = trial_seeds(settings.seed, trial_index)
     fraction = settings.fraction_of(task, size)
     if fraction is not None:
-        labels["train_fraction"] = fraction
+        own_columns["train_fraction"] = fraction
     if task in settings.sources:  # which columns were read is part of what the trial computes
-        labels.update(settings.sources[task].columns())
+        own_columns.update(settings.sources[task].columns())
     return TrialSpec(
         experiment=experiment,
         task=task,
@@ -228,7 +228,7 @@ def trial(settings: GridSettings, experiment: str, task: str, size: int, trial_i
         max_grad_norm=settings.max_grad_norm,
         precision=settings.precision,
         eval_every=settings.eval_every,
-        labels=tuple(labels.items()),
+        own_columns=tuple(own_columns.items()),
         **extra,
     )
 
@@ -265,8 +265,8 @@ def localized(settings: GridSettings, num_layers: int, num_heads: int | None = N
             for start in range(1, num_layers - size + 2):
                 block = range(start, start + size)
                 layers = block if mode == "block-reinit" else [i for i in range(1, num_layers + 1) if i not in block]
-                labels = {"block_mode": mode, "block_start": start, "block_size": size}
-                specs.append(trial(settings, "localized", task, n, t, settings.reinit(layers), labels))
+                own_columns = {"block_mode": mode, "block_start": start, "block_size": size}
+                specs.append(trial(settings, "localized", task, n, t, settings.reinit(layers), own_columns))
     return specs
 
 
@@ -295,8 +295,8 @@ def permutation(settings: GridSettings, num_layers: int, num_heads: int | None =
         for index in range(settings.permutations):
             seed = permutation_seed(settings, index)
             ablation = Permute.from_seed(seed, num_layers)
-            labels = {"permutation_index": index, "permutation_seed": seed}
-            specs.append(trial(settings, "permutation", task, n, t, ablation, labels))
+            own_columns = {"permutation_index": index, "permutation_seed": seed}
+            specs.append(trial(settings, "permutation", task, n, t, ablation, own_columns))
     return specs
 
 
@@ -353,10 +353,10 @@ def lr_multipliers(settings: GridSettings, num_layers: int, num_heads: int | Non
     ks = settings.k if settings.k is not None else tuple(range(num_layers + 1))
     specs = []
     for task, size, t in settings.cells():
-        labels = {"group": settings.multiplier_group, "multiplier_low": float(low), "multiplier_high": float(high),
+        own_columns = {"group": settings.multiplier_group, "multiplier_low": float(low), "multiplier_high": float(high),
                   "val_size": min(size - 1, max(1, round(settings.val_fraction * size)))}
         specs += [trial(settings, "lr-multipliers", task, size, t, settings.reinit(range(k + 1, num_layers + 1)),
-                        labels, k=k) for k in ks]
+                        own_columns, k=k) for k in ks]
     return specs
 
 

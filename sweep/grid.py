@@ -34,7 +34,7 @@ class TrialSpec:
     # trials that do not use them stay what they were.
     lr_multiplier: float | None = None  # reinit-lr: the reinitialized layers' lr over the base lr
     intermediate_task: str | None = None  # sequential: finetuned on this task before `task`
-    labels: tuple[tuple[str, object], ...] = ()  # the experiment's own row columns (block_mode, head, ...)
+    own_columns: tuple[tuple[str, object], ...] = ()  # the experiment's own row columns (block_mode, head, ...)
     # Fields its rows carry even where unset (sequential's intermediate_task: null is direct finetuning);
     # implied by the experiment, so no identity.
     row_fields: tuple[str, ...] = ()
@@ -46,8 +46,8 @@ class TrialSpec:
         for name in OPTIONAL_IDENTITY:
             if fields[name] in (None, ()):
                 del fields[name]
-        if "labels" in fields:
-            fields["labels"] = {key: list(v) if isinstance(v, tuple) else v for key, v in self.labels}
+        if "own_columns" in fields:  # hashed under the field's first name, "labels", so that no trial id changed
+            fields["labels"] = {key: list(v) if isinstance(v, tuple) else v for key, v in fields.pop("own_columns")}
         return {**fields, "ablation": ablation_to_dict(self.ablation)}
 
     @property
@@ -84,7 +84,7 @@ class TrialSpec:
         if self.lr_multiplier is not None:
             row["lr_multiplier"] = self.lr_multiplier
         row.update((name, getattr(self, name)) for name in self.row_fields)
-        row.update((key, list(v) if isinstance(v, tuple) else v) for key, v in self.labels)
+        row.update((key, list(v) if isinstance(v, tuple) else v) for key, v in self.own_columns)
         return row
 
     def to_config(self) -> dict:
@@ -124,7 +124,7 @@ class TrialSpec:
         return (self.task,) if self.intermediate_task is None else (self.intermediate_task, self.task)
 
 
-OPTIONAL_IDENTITY = ("lr_multiplier", "intermediate_task", "labels")
+OPTIONAL_IDENTITY = ("lr_multiplier", "intermediate_task", "own_columns")
 # The ablation joins as its dict; eval_every changes no number; row_fields only shows fields.
 NOT_IDENTITY = ("ablation", "eval_every", "row_fields")
 

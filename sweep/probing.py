@@ -23,20 +23,20 @@ PROBE_COLUMNS = (
     "stop_epoch", "best_epoch", "val_metric", "val_loss", "val_losses", "fit_size", "val_size",
     "feature_seconds", "feature_flops", "group_rows", "dev_features_reused",
 )  # fmt: skip
-GROUP_LABELS = ("probe", "layer")  # the labels that vary inside one subset's trial
+GROUP_COLUMNS = ("probe", "layer")  # the own columns that vary inside one subset's trial
 
 
 def group_key(spec: TrialSpec) -> str:
     """What a probe shares with every probe of its Tune trial: its identity without probe and layer."""
     identity = spec.identity()
-    identity["labels"] = {k: v for k, v in identity.get("labels", {}).items() if k not in GROUP_LABELS}
+    identity["labels"] = {k: v for k, v in identity.get("labels", {}).items() if k not in GROUP_COLUMNS}
     return json.dumps(identity, sort_keys=True)
 
 
 def group_config(specs: list[TrialSpec]) -> dict:
     """A Tune trial's config: the subset and probe settings shared by `specs`, and each probe's row."""
     first = specs[0]
-    labels = dict(first.labels)
+    own = dict(first.own_columns)
     digest = hashlib.sha256(group_key(first).encode()).hexdigest()[:10]
     return {
         "trial_id": f"probing-{first.task}-n{first.train_size}-t{first.trial_index}-{digest}",
@@ -48,13 +48,13 @@ def group_config(specs: list[TrialSpec]) -> dict:
             "subset_seed": first.subset_seed,
             "seed": first.seed,
             "max_epochs": first.epochs,
-            "patience": labels["patience"],
-            "val_fraction": labels["val_fraction"],
+            "patience": own["patience"],
+            "val_fraction": own["val_fraction"],
             "lr": first.lr,
             "batch_size": first.batch_size,
             "weight_decay": first.weight_decay,
         },
-        "probes": [{"probe": dict(s.labels)["probe"], "layer": dict(s.labels)["layer"], "trial_id": s.trial_id,
+        "probes": [{"probe": dict(s.own_columns)["probe"], "layer": dict(s.own_columns)["layer"], "trial_id": s.trial_id,
                     "row": s.row()} for s in specs],
     }
 
@@ -63,7 +63,7 @@ def group_specs(specs: list[TrialSpec]) -> list[dict]:
     """The Tune trials of a probing grid, one per training subset, in the grid's order."""
     groups: dict[str, list[TrialSpec]] = {}
     for spec in specs:
-        if "probe" not in dict(spec.labels):  # what makes a trial a probe, whichever experiment planned it
+        if "probe" not in dict(spec.own_columns):  # what makes a trial a probe, whichever experiment planned it
             raise ValueError(f"sweep.probing runs probing trials only; got a '{spec.experiment}' trial")
         groups.setdefault(group_key(spec), []).append(spec)
     return [group_config(members) for members in groups.values()]

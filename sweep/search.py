@@ -76,11 +76,11 @@ class MultiplierSpace:
 
 
 def cell_space(spec: TrialSpec, num_layers: int) -> MultiplierSpace:
-    labels = dict(spec.labels)
+    own = dict(spec.own_columns)
     cell = spec.to_config()
     cell["row"]["search_seed"] = spec.seed
-    return MultiplierSpace(layer_params(labels["group"], spec.k, num_layers), labels["multiplier_low"],
-                           labels["multiplier_high"], cell)
+    return MultiplierSpace(layer_params(own["group"], spec.k, num_layers), own["multiplier_low"],
+                           own["multiplier_high"], cell)
 
 
 def startup_trials(num_samples: int) -> int:
