@@ -128,6 +128,15 @@ def reinit_module(module: nn.Module, mode: str, keep_layernorm: bool, generator:
             nn.init.trunc_normal_(param, mean=0.0, std=INIT_STD, a=-bound, b=bound, generator=generator)
 
 
+def checked_stack(model: nn.Module, layers, what: str) -> nn.ModuleList:
+    """The model's layer stack, once every 1-based layer an ablation names is known to be in it."""
+    stack = layer_stack(model)
+    bad = [i for i in layers if not 1 <= i <= len(stack)]
+    if bad:
+        raise ValueError(f"{what} {bad} are outside 1..{len(stack)} for this {len(stack)}-layer model")
+    return stack
+
+
 @functools.singledispatch
 def apply_ablation(ablation, model: nn.Module, seed: int) -> nn.Module:
     raise TypeError(f"no apply_ablation case for {type(ablation).__name__}")
@@ -135,10 +144,7 @@ def apply_ablation(ablation, model: nn.Module, seed: int) -> nn.Module:
 
 @apply_ablation.register
 def _(ablation: Reinit, model: nn.Module, seed: int) -> nn.Module:
-    stack = layer_stack(model)
-    bad = [i for i in ablation.layers if not 1 <= i <= len(stack)]
-    if bad:
-        raise ValueError(f"reinit_layers {bad} are outside 1..{len(stack)} for this {len(stack)}-layer model")
+    stack = checked_stack(model, ablation.layers, "reinit_layers")
     for i in ablation.layers:
         reinit_module(stack[i - 1], ablation.mode, ablation.keep_layernorm, layer_generator(seed, i))
     if ablation.reinit_pooler:
@@ -233,10 +239,7 @@ class SublayerReinit:
 
 @apply_ablation.register
 def _(ablation: SublayerReinit, model: nn.Module, seed: int) -> nn.Module:
-    stack = layer_stack(model)
-    bad = [i for i in ablation.layers if not 1 <= i <= len(stack)]
-    if bad:
-        raise ValueError(f"sublayer layers {bad} are outside 1..{len(stack)} for this {len(stack)}-layer model")
+    stack = checked_stack(model, ablation.layers, "sublayer layers")
     fam = family(model.config)
     part = SUBLAYERS.index(ablation.sublayer)
     for i in ablation.layers:
