@@ -177,7 +177,7 @@ def test_the_schema_declares_every_identity_field_of_every_experiment():
                     assert role(field.name) == REPLICATE
                 elif field.name in spec.identity() and field.name in columns:
                     assert role(field.name) == SETTING, (name, field.name)
-            for label, _ in spec.labels:
+            for label, _ in spec.own_columns:
                 assert label in SCHEMA.names, (name, label)
             for column in spec.ablation.columns():
                 assert role(column) == SETTING, (name, column)
