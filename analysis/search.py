@@ -17,7 +17,7 @@ import pandas as pd
 from trialrows.read import as_list
 
 from trialrows.summaries import (  # noqa: E402,F401
-    BEST_COLUMNS, CELL_COLUMNS, _is_baseline, _multipliers_text, best_table, search_rows,
+    BEST_COLUMNS, CELL_COLUMNS, best_table, search_rows,
 )
 
 IMPORTANCE_COLUMNS = [*CELL_COLUMNS, "param", "importance", "completed", "note"]
