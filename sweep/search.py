@@ -12,7 +12,9 @@ trials early.
   time on the cluster: each Tuner is driven from a Ray task of its own (no CPU, on the driver's node, where
   the rows are written), and their trials share the cluster's resources.
 - Resume: a rerun restores every unfinished cell (`Tuner.restore`), so its Optuna study, sampler state and
-  remaining budget carry on where they stopped; a cell whose budget is spent is not started at all.
+  remaining budget carry on where they stopped; a cell whose budget is spent is not started at all. A trial
+  whose row landed after the study's last snapshot is not trained again: its stored figures are replayed to
+  the study (`landed_reports`).
 - Rows: one per trial, `<cell id>-s<n>`, n Optuna's trial number (s0 is the baseline); ASHA-stopped trials
   land too, with status `pruned`.
 """
@@ -134,7 +136,11 @@ class SearchRowWriter(Callback):
               f"dev {dev if dev is None else f'{dev:.4f}'}", flush=True)
 
     def on_trial_complete(self, iteration, trials, trial, **info):
-        if "status" in (trial.last_result or {}):  # else it reported nothing this run: its row stands
+        last = trial.last_result or {}
+        if last.get("replayed"):  # its row landed before the kill that its study's snapshot missed: it stands
+            print(f"[{self.cell}] s{trial.config['trial']['row']['sample']} had landed before the restart; "
+                  "its row stands and the study got its figures back", flush=True)
+        elif "status" in last:  # else it reported nothing this run: its row stands
             self._write(trial, status=None, error=None)
 
     def on_trial_error(self, iteration, trials, trial, **info):
@@ -206,12 +212,13 @@ def run_searches(specs: list[TrialSpec], *, data: dict, pretrained: dict, folder
 
     # Tasks and weights go to the object store once; every cell's trials read the same copy.
     trainable = tune.with_resources(
-        tune.with_parameters(finetune_trainable, data=ray.put(data), pretrained=ray.put(pretrained)),
+        tune.with_parameters(finetune_trainable, data=ray.put(data), pretrained=ray.put(pretrained),
+                             landed=landed_reports(specs, folder)),
         {"cpu": cpus_per_trial, "gpu": gpus_per_trial},
     )
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     # Tune saves a study's state at most every few seconds by default; every second keeps the trials a kill
-    # makes a resumed study run again to those that ended in the last second.
+    # makes a resumed study run again to those that ended in the last second (and those replay their rows).
     search = ray.remote(num_cpus=0)(search_cell).options(
         scheduling_strategy=here, runtime_env={"env_vars": {"TUNE_GLOBAL_CHECKPOINT_S": "1"}})
     print(f"{len(specs)} studies of {num_samples} trials each; Tune experiments in {join(tune_dir, 'searches')}")
@@ -234,20 +241,51 @@ def planned_rows(specs: list[TrialSpec], num_samples: int) -> list[dict]:
             for spec in specs for n in range(num_samples)]
 
 
-def unfinished_cells(specs: list[TrialSpec], folder: Path | str, num_samples: int) -> list[TrialSpec]:
-    """The cells whose study has fewer than `num_samples` finished rows."""
+def finished_rows(folder: Path | str, columns: list[str]):
+    """The stored rows of the searches' finished trials (FINISHED), `columns` of them; None when there are none."""
     import pyarrow.fs
 
     from trialrows.read import read_results
 
     fs, path = filesystem(folder)
     if not fs.get_file_info(path).type == pyarrow.fs.FileType.Directory:
-        return list(specs)
-    rows = read_results(folder, columns=["trial_id", "cell", "status"])
+        return None
+    rows = read_results(folder, columns=["trial_id", "cell", "status", *columns])
     if "cell" not in rows.columns:
+        return None
+    return rows[rows["status"].isin(FINISHED) & rows["cell"].notna()]
+
+
+def unfinished_cells(specs: list[TrialSpec], folder: Path | str, num_samples: int) -> list[TrialSpec]:
+    """The cells whose study has fewer than `num_samples` finished rows."""
+    rows = finished_rows(folder, [])
+    if rows is None:
         return list(specs)
-    done = rows[rows["status"].isin(FINISHED)].groupby("cell")["trial_id"].nunique()
+    done = rows.groupby("cell")["trial_id"].nunique()
     return [s for s in specs if done.get(s.trial_id, 0) < num_samples]
+
+
+def landed_reports(specs: list[TrialSpec], folder: Path | str) -> dict:
+    """For `finetune_trainable(landed=...)`: per trial whose row has landed, the epoch reports that gave it
+    (the held-out figure of every epoch, the last with the row's status). A kill can land between a trial's
+    row and its study's next snapshot; the resumed study then runs that trial again, and gets these back
+    instead of a second training."""
+    from trainables.tune_trainable import replay_key
+
+    rows = finished_rows(folder, ["multipliers", "val_metrics_by_epoch"])
+    if rows is None:
+        return {}
+    cells = {s.trial_id for s in specs}
+    landed = {}
+    for row in rows[rows["cell"].isin(cells)].itertuples():
+        values = [float(v) for v in row.val_metrics_by_epoch]
+        reports = [{"epoch": i, "epochs_run": i, VAL_METRIC: v, "val_metrics_by_epoch": values[:i], "status": "ok"}
+                   for i, v in enumerate(values, 1)]
+        if reports and row.status == "diverged":
+            reports[-1]["status"] = "diverged"
+        trial = {"trial_id": row.trial_id, "finetune": {"layer_lr_multipliers": [float(m) for m in row.multipliers]}}
+        landed[replay_key(trial)] = reports
+    return landed
 
 
 def plan_searches(specs: list[TrialSpec], folder, options, read: bool = True):

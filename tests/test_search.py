@@ -199,10 +199,45 @@ def test_killed_search_then_rerun_continues_the_study(tiny_bert, tmp_path):
     assert len(table) == budget and table["trial_id"].is_unique
     assert sorted(table["sample"]) == list(range(budget)), "Optuna's numbering went on, no second study"
     again = [name for name, mtime in before.items() if (rows / name).stat().st_mtime_ns != mtime]
-    # Only a trial that ended within the last state save (a second) before the kill may run again.
-    assert len(again) <= 1, f"finished trials ran again: {again}"
+    # A trial that landed after the study's last snapshot runs again, but replays its row (see the test below).
+    assert again == [], f"finished trials ran again: {again}"
     (cell,) = set(table["cell"])
     assert len(searched_study(tmp_path / "kill" / "searches" / cell).trials) == budget
+
+
+def test_a_landed_trial_that_a_restored_study_runs_again_is_replayed_not_trained(ray_local, tiny_bert, tmp_path,
+                                                                                capsys):
+    from ray import tune
+
+    from sweep.runner import land_row, make_tuner
+    from sweep.search import SearchRowWriter, landed_reports
+    from trainables.tune_trainable import finetune_trainable, replay_key
+
+    settings = GridSettings(model=tiny_bert, tasks=("synthetic",), sizes=(40,), trials=((0, 1),), k=(2,), epochs=3)
+    (spec,) = lr_multipliers(settings, 4)
+    folder = tmp_path / "rows"
+    landed_config = trial_config(spec.to_config(), 1, [0.5, 1.0, 2.0, 3.0])
+    land_row(folder, landed_config["row"], {"val_metric": 0.7}, "pruned", None, val_objective=0.7,
+             val_metrics_by_epoch=[0.6, 0.7], epochs_run=2)
+    (row_file,) = folder.glob("*.parquet")
+    written = row_file.stat().st_mtime_ns
+
+    landed = landed_reports([spec], folder)
+    assert list(landed) == [replay_key(landed_config)]
+    assert replay_key(trial_config(spec.to_config(), 1, [0.5, 1.0, 2.0, 2.9])) not in landed, \
+        "the same trial number at another point of the space is trained"
+    assert landed_reports([], folder) == {}, "only the cells of this run"
+
+    # No data and no weights: a trial that trained would fail.
+    trainable = tune.with_parameters(finetune_trainable, data={}, pretrained={}, landed=landed)
+    tuner = make_tuner(trainable, name="replay", storage_path=tmp_path / "tune", max_failures=0,
+                       param_space={"trial": landed_config}, callbacks=[SearchRowWriter(folder, spec.trial_id, 4)])
+    (result,) = tuner.fit()
+    assert result.error is None
+    assert result.metrics["replayed"] and result.metrics["epoch"] == 2 and result.metrics["val_metric"] == 0.7
+    assert list(result.metrics_dataframe["val_metric"]) == [0.6, 0.7], "the scheduler sees every epoch again"
+    assert row_file.stat().st_mtime_ns == written and len(list(folder.glob("*.parquet"))) == 1, "its row stands"
+    assert "s1 had landed before the restart" in capsys.readouterr().out
 
 
 def test_search_on_object_storage_lands_rows_and_reruns_nothing(ray_local, tiny_bert, s3_bucket, capsys):

@@ -96,10 +96,20 @@ def dying_after(epoch: int, report):
     return report_then_die
 
 
+def replay_key(trial: dict) -> tuple:
+    """What identifies a trial's result for `finetune_trainable(landed=...)`: its id and its per-layer
+    learning-rate multipliers (a study restored from an older snapshot may give the same number to another
+    point of the space)."""
+    return trial["trial_id"], tuple(trial["finetune"].get("layer_lr_multipliers") or ())
+
+
 def finetune_trainable(config: dict, data: dict, pretrained: dict, checkpoint_every: float | None = None,
-                       run_only: frozenset | None = None) -> None:
+                       run_only: frozenset | None = None, landed: dict | None = None) -> None:
     """One trial. `run_only`: the trial ids this run may train; any other trial of a resumed Tune experiment
-    (finished since the experiment's last snapshot, or dropped from the grid) ends at once, reporting nothing."""
+    (finished since the experiment's last snapshot, or dropped from the grid) ends at once, reporting nothing.
+    `landed`: per `replay_key`, the reports of a trial whose row the sweep already holds but that a resumed
+    search runs again (it ended after the study's last snapshot); they are reported again, marked `replayed`,
+    instead of training, so the searcher and the scheduler learn the figures they would have."""
     from ray import tune
 
     trial = config["trial"]
@@ -107,6 +117,10 @@ def finetune_trainable(config: dict, data: dict, pretrained: dict, checkpoint_ev
         run_pack(trial, data, pretrained, run_only)
         return
     if run_only is not None and trial["trial_id"] not in run_only:
+        return
+    if landed and replay_key(trial) in landed:
+        for result in landed[replay_key(trial)]:
+            tune.report({**result, "replayed": True})
         return
     resources = tune.get_context().get_trial_resources().required_resources
     cfg = finetune_config(trial, gpu_fraction=resources.get("GPU", 0.0), threads=int(resources.get("CPU", 1)))
