@@ -40,6 +40,9 @@ FUSED_MODEL_TYPES = ("bert",)
 PACK_FIELDS = ("task", "train_size", "val_size", "epochs", "batch_size", "lr_schedule", "eval_every",
                "eval_batch_size", "precision", "gpu_fraction")
 LINEAR_WEIGHTS = ("qkv_w", "attn_out_w", "ffn_in_w", "ffn_out_w")  # weight_distance's nn.Linear weights
+# Stacked as [P, in, out], nn.Linear's weight transposed: the batched matmul's weight gradient then comes out in
+# the parameter's own layout (nn.Linear's [out, in] made autograd copy every weight gradient at every step).
+TRANSPOSED = (*LINEAR_WEIGHTS, "pool_w", "head_w")
 
 
 def unfused_reason(cfg: FinetuneConfig, pretrained: Pretrained) -> str | None:
@@ -115,6 +118,8 @@ def set_up_trial(cfg: FinetuneConfig, data: TokenizedTask, pretrained: Pretraine
         if len(settings) != 1:
             raise ValueError(f"parameters stacked as '{name}' have different optimizer settings {settings}")
         weights[name] = torch.cat([p.detach() for p in params]) if len(params) > 1 else params[0].detach()
+        if name.split(".")[-1] in TRANSPOSED:
+            weights[name] = weights[name].t().contiguous()
         hyper[name] = settings.pop()
     return TrialSetup(weights, hyper, scheduler.lr_lambdas[0], optimizer.defaults["betas"],
                       optimizer.defaults["eps"], rows, non_embedding_params(model))
@@ -196,8 +201,8 @@ class Dropout:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """Each trial's x [P, N, in] through its own nn.Linear-layout weight [P, out, in] and bias [P, out]."""
-    return torch.baddbmm(bias.unsqueeze(1), x, weight.transpose(1, 2))
+    """Each trial's x [P, N, in] through its own weight [P, in, out] (TRANSPOSED) and bias [P, out]."""
+    return torch.baddbmm(bias.unsqueeze(1), x, weight)
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
@@ -211,13 +216,67 @@ def embed(table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return F.embedding(ids + offsets, table.reshape(P * V, H))
 
 
+class RowGradient:
+    """The gradient of a large embedding table (the vocabulary's), kept in `table.grad` from step to step: a
+    step's batches touch a few hundred of its rows, and a dense gradient built afresh each step (autograd's)
+    cost more on a CPU than the step's matmuls (zeroing [P, 30522, H] on newly mapped memory, then reading it
+    whole for the clipping norm). `lookup` reads rows; backward adds into the rows it read; `clear` zeroes the
+    rows the last step touched. The optimizer still sees the whole table's gradient, zeros included, as
+    torch's AdamW over nn.Embedding does."""
+
+    def __init__(self, table: torch.Tensor):
+        self.table = table
+        P, V, H = table.shape
+        table.grad = torch.zeros_like(table)
+        self.rows = table.grad.view(P * V, H)
+        self.offsets = torch.arange(P, device=table.device).unsqueeze(1) * V
+        self.touched: torch.Tensor | None = None  # [P * V] flat rows with a gradient, sorted, unique
+
+    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        flat = (ids + self.offsets).reshape(-1)
+        self.touched = torch.unique(flat) if self.touched is None else torch.unique(torch.cat([self.touched, flat]))
+        return _RowLookup.apply(self.table, flat, self).view(*ids.shape, self.table.shape[-1])
+
+    def clear(self) -> None:
+        if self.touched is not None:
+            self.rows.index_fill_(0, self.touched, 0.0)
+            self.touched = None
+
+    def squared_norms(self) -> torch.Tensor:
+        """[P]: each trial's squared gradient norm over its table (only touched rows can be non-zero)."""
+        P, V, _ = self.table.shape
+        norms = torch.zeros(P, dtype=torch.float32, device=self.table.device)
+        if self.touched is not None:
+            squared = self.rows[self.touched].float().pow(2).sum(1)
+            norms.index_add_(0, torch.div(self.touched, V, rounding_mode="floor"), squared)
+        return norms
+
+    def scale(self, coef: torch.Tensor) -> None:
+        if self.touched is not None:
+            P, V, _ = self.table.shape
+            factor = coef[torch.div(self.touched, V, rounding_mode="floor")].unsqueeze(1).to(self.rows.dtype)
+            self.rows.index_copy_(0, self.touched, self.rows[self.touched] * factor)
+
+
+class _RowLookup(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, table, flat, owner):
+        ctx.flat, ctx.owner = flat, owner
+        return table.detach().view(-1, table.shape[-1]).index_select(0, flat)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.owner.rows.index_add_(0, ctx.flat, grad.reshape(-1, grad.shape[-1]).to(ctx.owner.rows.dtype))
+        return None, None, None
+
+
 class PackEncoder:
     """BERT's sequence classifier, every parameter stacked over the pack's trials."""
 
-    def __init__(self, weights: dict[str, torch.Tensor], config):
+    def __init__(self, weights: dict[str, torch.Tensor], config, words: RowGradient):
         from transformers.activations import ACT2FN
 
-        self.w = weights
+        self.w, self.words = weights, words
         self.heads = int(config.num_attention_heads)
         self.eps = float(config.layer_norm_eps)
         self.num_layers = int(config.num_hidden_layers)
@@ -228,7 +287,8 @@ class PackEncoder:
         w, (P, B) = self.w, batch.lengths.shape
         H, T = w["emb_ln_w"].shape[-1], batch.keys.shape[-1]
         drop = dropout.hidden if dropout is not None else (lambda x, _: x)
-        x = embed(w["word"], batch.ids) + embed(w["token_type"], batch.types) + embed(w["position"], batch.positions)
+        words = self.words.lookup(batch.ids) if torch.is_grad_enabled() else embed(w["word"], batch.ids)
+        x = words + embed(w["token_type"], batch.types) + embed(w["position"], batch.positions)
         x = drop(layer_norm(x, w["emb_ln_w"], w["emb_ln_b"], self.eps), batch)
         for i in range(1, self.num_layers + 1):
             qkv = linear(x, w[f"{i}.qkv_w"], w[f"{i}.qkv_b"]).reshape(-1, 3 * H)[batch.gather]
@@ -294,14 +354,16 @@ class PackOptimizer:
         return first * self.setups[p].schedule(self.step_count)
 
 
-def clip_per_trial(weights: dict[str, torch.Tensor], max_norms: torch.Tensor) -> torch.Tensor:
+def clip_per_trial(weights: dict[str, torch.Tensor], words: RowGradient, max_norms: torch.Tensor) -> torch.Tensor:
     """Each trial's gradient scaled to at most its max norm (0: not clipped), as clip_grad_norm_ over its own
-    parameters; returns which trials were clipped."""
-    grads = [t.grad for t in weights.values()]
-    norms = torch.stack([g.float().pow(2).flatten(1).sum(1) for g in grads]).sum(0).sqrt()
+    parameters (the word table's through `words`); returns which trials were clipped."""
+    grads = [t.grad for t in weights.values() if t is not words.table]
+    per_tensor = [torch.linalg.vector_norm(g.flatten(1), dim=1, dtype=torch.float32) for g in grads]
+    norms = (torch.stack(per_tensor).pow(2).sum(0) + words.squared_norms()).sqrt()
     coef = torch.where(max_norms > 0, (max_norms / (norms + 1e-6)).clamp(max=1.0), torch.ones_like(norms))
     for g in grads:
         g.mul_(coef.view(-1, *[1] * (g.dim() - 1)).to(g.dtype))
+    words.scale(coef)
     return (max_norms > 0) & (norms > max_norms)
 
 
@@ -331,7 +393,8 @@ class Pack:
                                (self.setups[0].n_params, int(config.num_hidden_layers), int(config.hidden_size)))
         self.weights = stack_weights(self.setups, device)
         self.start = {n: self.weights[n].detach().clone() for n in self.weights if n.split(".")[-1] in LINEAR_WEIGHTS}
-        self.encoder = PackEncoder(self.weights, config)
+        self.words = RowGradient(self.weights["word"])
+        self.encoder = PackEncoder(self.weights, config, self.words)
         self.optimizer = PackOptimizer(self.weights, self.setups)
         self.rngs = [np.random.default_rng(np.random.SeedSequence([c.seed, 1])) for c in cfgs]
         classifier_p = config.classifier_dropout if getattr(config, "classifier_dropout", None) is not None \
@@ -344,6 +407,10 @@ class Pack:
 
     def step(self, rows: list[np.ndarray]) -> torch.Tensor:
         """One optimizer step of every trial on its own batch; returns the per-trial losses [P]."""
+        for t in self.weights.values():
+            if t is not self.words.table:
+                t.grad = None
+        self.words.clear()
         batch = pack_batch(self.data.train, rows, self.compute.pad_id, self.compute.device)
         labels = torch.from_numpy(np.stack([self.data.train.labels[r] for r in rows])).to(self.compute.device)
         with self.compute.autocast():
@@ -352,11 +419,9 @@ class Pack:
             losses = F.mse_loss(logits.squeeze(-1), labels.float(), reduction="none").mean(1)
         else:
             losses = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view(labels.shape).mean(1)
-        for t in self.weights.values():
-            t.grad = None
         self.active &= torch.isfinite(losses)
         torch.where(self.active, losses, torch.zeros_like(losses)).sum().backward()
-        self.clipped += clip_per_trial(self.weights, self.max_norms) & self.active
+        self.clipped += clip_per_trial(self.weights, self.words, self.max_norms) & self.active
         self.optimizer.step(self.active)
         return losses.detach()
 
