@@ -7,7 +7,8 @@
 The trials: SST-2, 500-example subsets, 5 epochs, lr 2e-5, batch 8, gradient clipping at 1.0, linear decay
 without warmup, dev evaluated after the last epoch only; trial t has subset and seed t and k = t mod (L + 1).
 Each is run
-1. fused: packs of the first P trials (trainables.fused.finetune_pack, one process, all threads);
+1. fused: packs of the first P trials (trainables.fused.finetune_pack, one process, all threads); on a CPU also
+   packs of one trial, one per core side by side (what `--pack auto` does there);
 2. unfused: our loop, trainables.finetune.finetune, one trial after the other in this process;
 3. peer: Hugging Face Trainer with dynamic padding (DataCollatorWithPadding), one fresh process per trial (load,
    tokenize its subset and the dev split, train, evaluate once), N processes at a time (--peer-processes; on a
@@ -180,6 +181,23 @@ def time_pack(cfgs, data, pretrained) -> tuple[float, list[float]]:
     return time.perf_counter() - tick, [r["dev_metric"] for r in rows]
 
 
+def time_side_by_side(cfgs, data, pretrained, at_once: int) -> tuple[float, list[float]]:
+    """(wall seconds, dev accuracies) of packs of one trial, `at_once` of them side by side, threads shared out:
+    what --pack auto does in a sweep on a CPU (there each pack is a Ray actor; here a thread, torch releasing
+    the GIL in its kernels)."""
+    import dataclasses
+
+    from trainables.fused import finetune_pack
+
+    threads = max(1, cfgs[0].threads // at_once)
+    alone = [dataclasses.replace(c, threads=threads) for c in cfgs]
+    tick = time.perf_counter()
+    with ThreadPoolExecutor(at_once) as pool:
+        rows = list(pool.map(lambda c: finetune_pack([c], data, pretrained)[0], alone))
+    torch.set_num_threads(cfgs[0].threads)
+    return time.perf_counter() - tick, [r["dev_metric"] for r in rows]
+
+
 def time_unfused(cfgs, data, pretrained) -> tuple[float, list[float]]:
     """(wall seconds, dev accuracies) of our loop, one trial after the other."""
     from trainables.finetune import finetune
@@ -329,6 +347,10 @@ def compare(args, pretrained, data, peer_model_path: str, device: str) -> dict:
         wall, accuracy = time_pack(cfgs[:size], data, pretrained)
         extra = {"peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30} if gpu else {}
         figures.add(f"ours, fused pack of {size}", size, wall, accuracy, **extra)
+    if not gpu:  # --pack auto on CPUs: packs of one, one per core
+        at_once = len(os.sched_getaffinity(0))
+        figures.add(f"ours, packs of 1, {at_once} side by side", args.trials,
+                    *time_side_by_side(cfgs[:args.trials], data, pretrained, at_once))
     if not args.skip_unfused:
         figures.add("ours, unfused (one trial at a time)", args.trials, *time_unfused(cfgs[:args.trials], data, pretrained))
     for processes in args.peer_processes or ([1, 2, 4] if gpu else [len(os.sched_getaffinity(0))]):

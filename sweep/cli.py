@@ -177,9 +177,10 @@ COMMON_OPTIONS = (
     Option("--max-failures", "times a failed or preempted trial is restarted from its last checkpoint (default 2)",
            type=lambda v: failure_count(v), default=2, metavar="N", bad=("-1",), group=RUN),
     Option("--pack", "train up to N trials of the same task, size and schedule as one fused computation (one Tune "
-           "trial, resources scaled to it, one row per trial); 1: each trial alone; auto: 1 on CPUs, where fusing "
-           "does not pay, and as many as fit in GPU memory on GPUs (default auto). Sequential finetuning, searches "
-           "and probing run unfused", type=parse_pack, default="auto", metavar="N|auto", bad=("0",), group=RUN),
+           "trial, resources scaled to it, one row per trial); 1: each trial alone, unfused; auto: on CPUs each trial "
+           "fused alone (the fused encoder is the faster there), on GPUs as many as fit in GPU memory; with "
+           "--checkpoint-every below its default, as 1 (packs keep no checkpoint) (default auto). Sequential "
+           "finetuning, searches and probing run unfused", type=parse_pack, default="auto", metavar="N|auto", bad=("0",), group=RUN),
 )
 
 

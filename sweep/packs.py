@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import hashlib
 
-# --pack auto on CPUs: unfused. On this project's 2-core CPU a fused pack trained at the unfused loop's cost
-# per trial (docs/benchmarks.md, "Fused packs"): with one or two cores the matmuls of one trial already keep
-# them busy, so batching trials saves nothing while a pack's trials finish together instead of one by one.
+# --pack auto on CPUs: every trial through the fused encoder, one trial a pack. Measured on this project's
+# 2-core CPU (docs/benchmarks.md, "Fused packs", 2026-11-23): the fused encoder trains a MiniLM step in 0.14 s on
+# one thread where the Hugging Face model takes 0.33 s, while more trials in one pack gain nothing on a CPU (one
+# trial's matmuls already keep its cores busy): two packs of one side by side, a thread each, did a trial step
+# in 0.08 s of the machine, a pack of 2 on both threads in 0.10 s. Packs of one also land each row as it ends.
 AUTO_PACK_CPU = 1
 # --pack auto on GPUs: as many trials as fit in this share of the card's memory, at most AUTO_PACK_MAX.
 # A trial holds 4 bytes a parameter for each of its weights, gradients and two Adam moments, 4 more for the
@@ -38,13 +40,19 @@ def memory_sized_pack(gpu_memory_bytes: int, parameters: int) -> int:
     return max(1, min(AUTO_PACK_MAX, fits))
 
 
-def resolve_pack(pack: int | str, gpus_per_trial: float, parameters: int) -> int:
-    """The pack size a sweep uses: --pack N as given; auto: AUTO_PACK_CPU on CPUs, memory-sized on GPUs."""
+def resolve_pack(pack: int | str, gpus_per_trial: float, parameters: int,
+                 checkpointed: bool = False) -> tuple[int, bool]:
+    """(trials a pack, whether a trial alone is fused too). --pack N: N as given, and a trial left alone
+    (N = 1: every trial) trains unfused, as before packs; auto: fused packs of AUTO_PACK_CPU on CPUs, memory-sized
+    on GPUs, unless `checkpointed` (--checkpoint-every asked for checkpoints sooner than its default: packs keep
+    none, so auto then trains every trial alone and unfused, as --pack 1)."""
     if pack != "auto":
-        return int(pack)
+        return int(pack), False
+    if checkpointed:
+        return 1, False
     if gpus_per_trial == 0:
-        return AUTO_PACK_CPU
-    return memory_sized_pack(gpu_memory(gpus_per_trial), parameters)
+        return AUTO_PACK_CPU, True
+    return memory_sized_pack(gpu_memory(gpus_per_trial), parameters), True
 
 
 def gpu_memory(gpus_per_trial: float) -> int:
@@ -85,10 +93,10 @@ def pack_config(members: list[dict]) -> dict:
             "model_key": members[0]["model_key"], "data_key": members[0]["data_key"], "pack": members}
 
 
-def group_into_packs(trials: list[dict], size: int, pretrained: dict) -> list[dict]:
+def group_into_packs(trials: list[dict], size: int, pretrained: dict, fuse_alone: bool = False) -> list[dict]:
     """Tune configs for `trials`: packs of up to `size` trials of equal pack_key, in the order the trials
-    come; a trial that cannot be fused, or alone (size 1), stays as it is."""
-    if size == 1:
+    come; a trial that cannot be fused stays as it is, and so does one alone in its pack unless `fuse_alone`."""
+    if size == 1 and not fuse_alone:
         return list(trials)
     units, groups = [], {}
     for trial in trials:
@@ -99,7 +107,7 @@ def group_into_packs(trials: list[dict], size: int, pretrained: dict) -> list[di
     for members in groups.values():
         for start in range(0, len(members), size):
             chunk = members[start:start + size]
-            units.append(pack_config(chunk) if len(chunk) > 1 else chunk[0])
+            units.append(pack_config(chunk) if len(chunk) > 1 or fuse_alone else chunk[0])
     return units
 
 

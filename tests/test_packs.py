@@ -41,6 +41,11 @@ def test_packs_group_trials_of_one_shape_and_leave_the_rest_alone(tiny_bert):
     again = group_into_packs(grid("incremental", tiny_bert, k=(0, 2, 4)), 4, pretrained)
     assert [u["trial_id"] for u in again] == [u["trial_id"] for u in units]  # resumable: same pack ids
     assert group_into_packs(trials, 1, pretrained) == trials
+    # --pack auto on CPUs: every fusable trial is a pack of its own (the fused encoder is the faster one there).
+    alone = group_into_packs(trials, 1, pretrained, fuse_alone=True)
+    assert [members(u) for u in alone] == [[t] for t in trials] and all("pack" in u for u in alone)
+    assert [len(members(u)) for u in group_into_packs(trials, 4, pretrained, fuse_alone=True)] == [4, 4, 1]
+    assert "pack" in group_into_packs(trials, 4, pretrained, fuse_alone=True)[2]
 
     # Trials of different shapes never share a pack; sequential finetuning is never fused.
     longer = [{**t, "finetune": {**t["finetune"], "epochs": 2}} for t in trials[:2]]
@@ -53,8 +58,13 @@ def test_packs_group_trials_of_one_shape_and_leave_the_rest_alone(tiny_bert):
 
 
 def test_auto_pack_size_comes_from_the_device():
-    assert resolve_pack("auto", 0.0, 110_000_000) == 1  # CPUs: fusing does not pay (docs/benchmarks.md)
-    assert resolve_pack(5, 0.0, 110_000_000) == 5
+    # CPUs: each trial fused alone (docs/benchmarks.md, "Fused packs"); --pack N as given, a lone trial unfused.
+    assert resolve_pack("auto", 0.0, 110_000_000) == (1, True)
+    assert resolve_pack(5, 0.0, 110_000_000) == (5, False)
+    assert resolve_pack(1, 0.0, 110_000_000) == (1, False)
+    # Packs keep no checkpoint: asked for checkpoints (--checkpoint-every below its default), auto fuses nothing.
+    assert resolve_pack("auto", 0.0, 110_000_000, checkpointed=True) == (1, False)
+    assert resolve_pack("auto", 1.0, 110_000_000, checkpointed=True) == (1, False)
     h100 = 80 * 2**30
     assert memory_sized_pack(h100, 110_000_000) == 31  # BERT-base: 0.8 * 80 GiB / (20 B * 110M)
     assert memory_sized_pack(h100, 1_000_000) == AUTO_PACK_MAX
@@ -93,3 +103,11 @@ def test_real_sweep_with_packs_writes_the_rows_of_unfused_trials(ray_local, quie
     files = sorted(p.name for p in (tmp_path / "packed" / "rows").iterdir())
     assert main([*argv, "--pack", "2", "--name", "packed"]) == 0
     assert sorted(p.name for p in (tmp_path / "packed" / "rows").iterdir()) == files
+
+    # The default on a CPU (auto): each trial a pack of its own, the same numbers again.
+    assert main([*argv, "--name", "auto"]) == 0
+    auto = read_results(tmp_path / "auto").set_index("trial_id").sort_index()
+    assert list(auto.index) == list(alone.index) and set(auto["pack_size"]) == {1}
+    assert auto["pack_id"].notna().all() and auto["pack_id"].is_unique
+    np.testing.assert_allclose(auto["dev_metric"], alone["dev_metric"], atol=1e-9)
+    np.testing.assert_allclose(auto["train_loss"], alone["train_loss"], rtol=2e-4)
