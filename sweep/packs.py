@@ -85,12 +85,15 @@ def pack_key(trial: dict) -> tuple:
 
 
 def pack_config(members: list[dict]) -> dict:
-    """The Tune config of a pack: its members, and an id of its own (it names the Tune trial and is each
-    member row's pack_id), fixed by its members so a resumed sweep names it the same."""
+    """The Tune config of a pack: its members, and an id of its own (it names the Tune trial and its TensorBoard
+    folder, and is each member row's pack_id), fixed by its members so a resumed sweep names it the same; a
+    pack of one is named by its trial."""
     digest = hashlib.sha256(" ".join(m["trial_id"] for m in members).encode()).hexdigest()[:10]
     first = members[0]["row"]
-    return {"trial_id": f"pack-{first['experiment']}-{first['task']}-n{first['train_size']}-{digest}",
-            "model_key": members[0]["model_key"], "data_key": members[0]["data_key"], "pack": members}
+    name = members[0]["trial_id"] if len(members) == 1 else \
+        f"pack-{first['experiment']}-{first['task']}-n{first['train_size']}-{digest}"
+    return {"trial_id": name, "model_key": members[0]["model_key"], "data_key": members[0]["data_key"],
+            "pack": members}
 
 
 def group_into_packs(trials: list[dict], size: int, pretrained: dict, fuse_alone: bool = False) -> list[dict]:

@@ -99,6 +99,18 @@ def test_real_sweep_with_packs_writes_the_rows_of_unfused_trials(ray_local, quie
     identity = [c for c in alone.columns if c in ("k", "seed", "subset_seed", "epochs", "lr", "max_grad_norm")]
     assert packed[identity].equals(alone[identity])
 
+    # TensorBoard: a pack's folder holds each member's curves under trials/<trial_id>/.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (events,) = (tmp_path / "packed").glob("tune-*/pack-*/events.out.tfevents*")
+    accumulator = EventAccumulator(str(events))
+    accumulator.Reload()
+    tags = set(accumulator.Tags()["scalars"])
+    fused = packed[packed["pack_size"] == 3]
+    assert {f"ray/tune/trials/{t}/train_loss" for t in fused.index} <= tags
+    assert [e.value for e in accumulator.Scalars(f"ray/tune/trials/{fused.index[0]}/dev_metric")] == \
+        pytest.approx([fused["dev_metric"].iloc[0]])
+
     # Skip-done works per trial: a rerun with another pack size finds every trial done and runs nothing.
     files = sorted(p.name for p in (tmp_path / "packed" / "rows").iterdir())
     assert main([*argv, "--pack", "2", "--name", "packed"]) == 0
@@ -108,6 +120,6 @@ def test_real_sweep_with_packs_writes_the_rows_of_unfused_trials(ray_local, quie
     assert main([*argv, "--name", "auto"]) == 0
     auto = read_results(tmp_path / "auto").set_index("trial_id").sort_index()
     assert list(auto.index) == list(alone.index) and set(auto["pack_size"]) == {1}
-    assert auto["pack_id"].notna().all() and auto["pack_id"].is_unique
+    assert (auto["pack_id"] == auto.index).all(), "a pack of one is named by its trial"
     np.testing.assert_allclose(auto["dev_metric"], alone["dev_metric"], atol=1e-9)
     np.testing.assert_allclose(auto["train_loss"], alone["train_loss"], rtol=2e-4)
