@@ -117,6 +117,20 @@ def test_each_trial_of_a_pack_trains_as_it_would_alone(members, quiet, synthetic
         assert by_seed[6]["clipped_steps"] == 6 and by_seed[5]["clipped_steps"] == 0
 
 
+def test_the_vocabulary_gradient_read_by_rows_on_cpu_equals_the_whole_table_read_on_gpus(quiet, synthetic):
+    cfgs = [MIXED[i] for i in (0, 5, 6)]  # seed 6 is clipped at every step, seed 5 never
+    by_rows, whole = Pack(cfgs, synthetic, quiet), Pack(cfgs, synthetic, quiet)
+    whole.words.sparse = False  # what a CUDA pack does
+    assert by_rows.words.sparse
+    rows_losses, rows_flops = by_rows.train_epoch()
+    whole_losses, whole_flops = whole.train_epoch()
+    np.testing.assert_allclose(rows_losses.numpy(), whole_losses.numpy(), rtol=1e-5)
+    assert by_rows.clipped.tolist() == whole.clipped.tolist() and by_rows.clipped.tolist()[1:] == [0, 3]
+    np.testing.assert_allclose(by_rows.weights["word"].detach().numpy(), whole.weights["word"].detach().numpy(),
+                               rtol=1e-5, atol=1e-7)
+    assert not torch.equal(by_rows.weights["word"][0], by_rows.setups[0].weights["word"]), "the table trained"
+
+
 def test_with_dropout_a_trial_gives_the_same_numbers_whatever_its_neighbours(pretrained, synthetic):
     assert pretrained.config.hidden_dropout_prob > 0 and pretrained.config.attention_probs_dropout_prob > 0
     me = MIXED[1]

@@ -218,44 +218,53 @@ def embed(table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
 
 class RowGradient:
     """The gradient of a large embedding table (the vocabulary's), kept in `table.grad` from step to step: a
-    step's batches touch a few hundred of its rows, and a dense gradient built afresh each step (autograd's)
-    cost more on a CPU than the step's matmuls (zeroing [P, 30522, H] on newly mapped memory, then reading it
-    whole for the clipping norm). `lookup` reads rows; backward adds into the rows it read; `clear` zeroes the
-    rows the last step touched. The optimizer still sees the whole table's gradient, zeros included, as
-    torch's AdamW over nn.Embedding does."""
+    step's batches touch a few hundred of its rows, and on a CPU a dense gradient built afresh each step
+    (autograd's) cost more than the step's matmuls (zeroing [P, 30522, H] on newly mapped memory, then reading
+    it whole for the clipping norm). `lookup` reads rows; backward adds into the rows it read; `clear` zeroes
+    the rows the last step touched. On a CPU (`sparse`) the clipping norm and scale read only those rows; on a
+    GPU they read the whole table, which is fast there, since listing the distinct rows would make every step
+    wait for the device. The optimizer sees the whole table's gradient, zeros included, as torch's AdamW over
+    nn.Embedding does."""
 
-    def __init__(self, table: torch.Tensor):
-        self.table = table
+    def __init__(self, table: torch.Tensor, sparse: bool | None = None):
+        self.table, self.sparse = table, (table.device.type == "cpu") if sparse is None else sparse
         P, V, H = table.shape
         table.grad = torch.zeros_like(table)
         self.rows = table.grad.view(P * V, H)
         self.offsets = torch.arange(P, device=table.device).unsqueeze(1) * V
-        self.touched: torch.Tensor | None = None  # [P * V] flat rows with a gradient, sorted, unique
+        self.touched: list[torch.Tensor] = []  # flat rows [P * V] read since the last clear, repeats included
 
     def lookup(self, ids: torch.Tensor) -> torch.Tensor:
         flat = (ids + self.offsets).reshape(-1)
-        self.touched = torch.unique(flat) if self.touched is None else torch.unique(torch.cat([self.touched, flat]))
+        self.touched.append(flat)
         return _RowLookup.apply(self.table, flat, self).view(*ids.shape, self.table.shape[-1])
 
     def clear(self) -> None:
-        if self.touched is not None:
-            self.rows.index_fill_(0, self.touched, 0.0)
-            self.touched = None
+        if self.touched:
+            self.rows.index_fill_(0, torch.cat(self.touched), 0.0)
+            self.touched = []
+
+    def _distinct(self) -> torch.Tensor:
+        return torch.unique(torch.cat(self.touched)) if self.touched else self.offsets.new_zeros(0)
 
     def squared_norms(self) -> torch.Tensor:
-        """[P]: each trial's squared gradient norm over its table (only touched rows can be non-zero)."""
+        """[P]: each trial's squared gradient norm over its table."""
         P, V, _ = self.table.shape
+        if not self.sparse:
+            return torch.linalg.vector_norm(self.table.grad.flatten(1), dim=1, dtype=torch.float32).pow(2)
+        rows = self._distinct()
         norms = torch.zeros(P, dtype=torch.float32, device=self.table.device)
-        if self.touched is not None:
-            squared = self.rows[self.touched].float().pow(2).sum(1)
-            norms.index_add_(0, torch.div(self.touched, V, rounding_mode="floor"), squared)
-        return norms
+        return norms.index_add_(0, torch.div(rows, V, rounding_mode="floor"), self.rows[rows].float().pow(2).sum(1))
 
     def scale(self, coef: torch.Tensor) -> None:
-        if self.touched is not None:
-            P, V, _ = self.table.shape
-            factor = coef[torch.div(self.touched, V, rounding_mode="floor")].unsqueeze(1).to(self.rows.dtype)
-            self.rows.index_copy_(0, self.touched, self.rows[self.touched] * factor)
+        """Trial p's gradient times coef[p]."""
+        P, V, _ = self.table.shape
+        if not self.sparse:
+            self.table.grad.mul_(coef.view(P, 1, 1).to(self.rows.dtype))
+            return
+        rows = self._distinct()
+        factor = coef[torch.div(rows, V, rounding_mode="floor")].unsqueeze(1).to(self.rows.dtype)
+        self.rows.index_copy_(0, rows, self.rows[rows] * factor)
 
 
 class _RowLookup(torch.autograd.Function):
