@@ -90,10 +90,10 @@ def pack_config(members: list[dict]) -> dict:
     pack of one is named by its trial."""
     digest = hashlib.sha256(" ".join(m["trial_id"] for m in members).encode()).hexdigest()[:10]
     first = members[0]["row"]
-    name = members[0]["trial_id"] if len(members) == 1 else \
-        f"pack-{first['experiment']}-{first['task']}-n{first['train_size']}-{digest}"
-    return {"trial_id": name, "model_key": members[0]["model_key"], "data_key": members[0]["data_key"],
-            "pack": members}
+    if len(members) == 1:  # its trial's own config beside `pack`: TensorBoard's HPARAMS show the trial's settings
+        return {**members[0], "pack": members}
+    return {"trial_id": f"pack-{first['experiment']}-{first['task']}-n{first['train_size']}-{digest}",
+            "model_key": members[0]["model_key"], "data_key": members[0]["data_key"], "pack": members}
 
 
 def group_into_packs(trials: list[dict], size: int, pretrained: dict, fuse_alone: bool = False) -> list[dict]:

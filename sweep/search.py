@@ -271,6 +271,7 @@ def landed_reports(specs: list[TrialSpec], folder: Path | str) -> dict:
     row and its study's next snapshot; the resumed study then runs that trial again, and gets these back
     instead of a second training."""
     from trainables.tune_trainable import replay_key
+    from trialrows.read import as_list
 
     rows = finished_rows(folder, ["multipliers", "val_metrics_by_epoch"])
     if rows is None:
@@ -278,12 +279,16 @@ def landed_reports(specs: list[TrialSpec], folder: Path | str) -> dict:
     cells = {s.trial_id for s in specs}
     landed = {}
     for row in rows[rows["cell"].isin(cells)].itertuples():
-        values = [float(v) for v in row.val_metrics_by_epoch]
-        reports = [{"epoch": i, "epochs_run": i, VAL_METRIC: v, "val_metrics_by_epoch": values[:i], "status": "ok"}
-                   for i, v in enumerate(values, 1)]
-        if reports and row.status == "diverged":
+        values, multipliers = as_list(row.val_metrics_by_epoch), as_list(row.multipliers)
+        if not values or not multipliers:
+            continue  # a row without the figures to replay: the trial trains again
+        # ASHA hears every epoch again; restored, it could stop the replay at an earlier rung than the first run
+        # did, and Optuna would then learn that rung's figure. The row stands as it landed either way.
+        reports = [{"epoch": i, "epochs_run": i, VAL_METRIC: float(v), "val_metrics_by_epoch": values[:i],
+                    "status": "ok"} for i, v in enumerate(values, 1)]
+        if row.status == "diverged":
             reports[-1]["status"] = "diverged"
-        trial = {"trial_id": row.trial_id, "finetune": {"layer_lr_multipliers": [float(m) for m in row.multipliers]}}
+        trial = {"trial_id": row.trial_id, "finetune": {"layer_lr_multipliers": [float(m) for m in multipliers]}}
         landed[replay_key(trial)] = reports
     return landed
 

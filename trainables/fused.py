@@ -376,9 +376,20 @@ def clip_per_trial(weights: dict[str, torch.Tensor], words: RowGradient, max_nor
     return (max_norms > 0) & (norms > max_norms)
 
 
-def stack_weights(setups: list[TrialSetup], device) -> dict[str, torch.Tensor]:
-    return {name: torch.stack([s.weights[name] for s in setups]).to(device).requires_grad_(True)
-            for name in setups[0].weights}
+def set_up_pack(cfgs: list[FinetuneConfig], data: TokenizedTask, pretrained: Pretrained,
+                device) -> tuple[list[TrialSetup], dict[str, torch.Tensor]]:
+    """Every trial set up as `finetune` would, its weights copied into the pack's stacked tensors on `device` as
+    soon as it is built: one trial's model at a time in host memory, not P of them (31 BERT-base trials would
+    hold 27 GB). The setups come back without their weights."""
+    setups, stacked = [], {}
+    for p, cfg in enumerate(cfgs):
+        setup = set_up_trial(cfg, data, pretrained)
+        for name, weight in setup.weights.items():
+            if name not in stacked:
+                stacked[name] = torch.empty((len(cfgs), *weight.shape), dtype=weight.dtype, device=device)
+            stacked[name][p].copy_(weight)
+        setups.append(dataclasses.replace(setup, weights={}))
+    return setups, {name: t.requires_grad_(True) for name, t in stacked.items()}
 
 
 def pack_weight_distance(start: dict[str, torch.Tensor], weights: dict[str, torch.Tensor], num_layers: int):
@@ -395,12 +406,11 @@ class Pack:
         check_pack(cfgs, pretrained)
         cfg = cfgs[0]
         self.cfgs, self.data = cfgs, data
-        self.setups = [set_up_trial(c, data, pretrained) for c in cfgs]
         device = pick_device(cfg.gpu_fraction)
+        self.setups, self.weights = set_up_pack(cfgs, data, pretrained, device)
         config = pretrained.config
         self.compute = Compute(device, cfg.precision, int(config.pad_token_id or 0),
                                (self.setups[0].n_params, int(config.num_hidden_layers), int(config.hidden_size)))
-        self.weights = stack_weights(self.setups, device)
         self.start = {n: self.weights[n].detach().clone() for n in self.weights if n.split(".")[-1] in LINEAR_WEIGHTS}
         self.words = RowGradient(self.weights["word"])
         self.encoder = PackEncoder(self.weights, config, self.words)
