@@ -114,6 +114,13 @@ def group_into_packs(trials: list[dict], size: int, pretrained: dict, fuse_alone
     return units
 
 
+def pack_results(result: dict) -> dict[str, dict]:
+    """A pack's report: each member's latest figures by trial_id (packs used to report a list of them; a Tune
+    experiment restored from then still holds one)."""
+    found = result.get("pack_results") or {}
+    return {r["trial_id"]: r for r in found if r} if isinstance(found, list) else dict(found)
+
+
 def members(trial: dict) -> list[dict]:
     """The trial configs a Tune trial's config stands for: a pack's members, or itself."""
     return trial.get("pack", [trial])

@@ -19,6 +19,8 @@ import time
 
 from ray.tune import Callback
 
+from sweep.packs import pack_results
+
 ENDED_BEFORE = ("TERMINATED", "ERROR")  # Tune's states of trials a restored experiment had already ended
 SHOWN_RUNNING = 3  # running trials named on the line; the rest are counted
 
@@ -174,5 +176,5 @@ def member_reports(trial, result: dict) -> list[tuple[str, int, dict]]:
     under `pack_results` (trainables.tune_trainable.run_pack)."""
     if "pack" not in trial.config["trial"]:
         return [(trial.config["trial"]["trial_id"], trial.config["trial"]["finetune"]["epochs"], result)]
-    by_id = {r["trial_id"]: r for r in result.get("pack_results", []) if r}
+    by_id = pack_results(result)
     return [(m["trial_id"], m["finetune"]["epochs"], by_id.get(m["trial_id"], {})) for m in members(trial)]

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from sweep.grid import TrialSpec
-from sweep.packs import group_into_packs, members, pack_resources, resolve_pack
+from sweep.packs import group_into_packs, members, pack_resources, pack_results, resolve_pack
 from sweep.store import filesystem, write_row
 
 # Seconds between two epoch-end checkpoints of a trial. A BERT-base checkpoint (weights and Adam moments,
@@ -112,7 +112,7 @@ def member_results(trial) -> list[tuple[dict, dict]]:
     last = trial.last_result or {}
     if "pack" not in trial.config["trial"]:
         return [(trial.config["trial"], last)]
-    by_id = {r["trial_id"]: r for r in last.get("pack_results", []) if r}
+    by_id = pack_results(last)
     return [(m, by_id.get(m["trial_id"], {})) for m in members(trial.config["trial"])
             if not by_id or m["trial_id"] in by_id]
 

@@ -99,7 +99,7 @@ def test_real_sweep_with_packs_writes_the_rows_of_unfused_trials(ray_local, quie
     identity = [c for c in alone.columns if c in ("k", "seed", "subset_seed", "epochs", "lr", "max_grad_norm")]
     assert packed[identity].equals(alone[identity])
 
-    # TensorBoard: a pack's folder holds each member's curves under trials/<trial_id>/.
+    # TensorBoard: a pack's folder holds each member's curves under pack_results/<trial_id>/.
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     (events,) = (tmp_path / "packed").glob("tune-*/pack-*/events.out.tfevents*")
@@ -107,8 +107,8 @@ def test_real_sweep_with_packs_writes_the_rows_of_unfused_trials(ray_local, quie
     accumulator.Reload()
     tags = set(accumulator.Tags()["scalars"])
     fused = packed[packed["pack_size"] == 3]
-    assert {f"ray/tune/trials/{t}/train_loss" for t in fused.index} <= tags
-    assert [e.value for e in accumulator.Scalars(f"ray/tune/trials/{fused.index[0]}/dev_metric")] == \
+    assert {f"ray/tune/pack_results/{t}/train_loss" for t in fused.index} <= tags
+    assert [e.value for e in accumulator.Scalars(f"ray/tune/pack_results/{fused.index[0]}/dev_metric")] == \
         pytest.approx([fused["dev_metric"].iloc[0]])
 
     # Skip-done works per trial: a rerun with another pack size finds every trial done and runs nothing.

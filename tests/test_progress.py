@@ -143,12 +143,12 @@ def test_a_pack_counts_and_ends_each_member(capsys):
     pack.config["trial"]["pack"] = [{"trial_id": t, "finetune": {"epochs": 2}} for t in ids]
     view = ProgressView({t: 100 * 2 for t in ids}, interval=30, clock=clock)
     clock.now = 31
-    view.on_trial_result(0, [pack], pack, {"status": "ok", "epoch": 1, "pack_results": [
-        {"trial_id": ids[0], "epoch": 1, "status": "ok"}, {"trial_id": ids[1], "epoch": 1, "status": "ok"}]})
+    view.on_trial_result(0, [pack], pack, {"status": "ok", "epoch": 1, "pack_results": {
+        ids[0]: {"trial_id": ids[0], "epoch": 1, "status": "ok"}, ids[1]: {"trial_id": ids[1], "epoch": 1, "status": "ok"}}})
     # Both members did one of their two epochs in 31 s: 200 of 400 left at 200 per 31 s.
     assert capsys.readouterr().out == (f"[0/2] ok 0 · diverged 0 · failed 0 · running 2 · pending 0 · elapsed 0.5 min"
                                        f" · eta {minutes(31)} | sst2-n100-k0-t0 1/2 epochs, sst2-n100-k3-t0 1/2 epochs\n")
-    pack.last_result = {"status": "ok", "pack_results": [
+    pack.last_result = {"status": "ok", "pack_results": [  # the list form of a Tune experiment from before
         {"trial_id": ids[0], "epoch": 2, "status": "ok", "dev_metric": 0.75},
         {"trial_id": ids[1], "epoch": 1, "status": "diverged", "dev_metric": float("nan")}]}
     view.on_trial_complete(1, [pack], pack)

@@ -21,7 +21,6 @@ from trainables.ablations import ablation_from_dict
 from trainables.finetune import FinetuneConfig, finetune
 
 STATE_FILE = "training_state.pt"
-MEMBER_CURVES = ("train_loss", "dev_metric", "lr_last")  # a pack's per-member scalars for TensorBoard
 # Test-only fault injection: a trial on its first attempt dies (as a preempted machine would) right after
 # reporting this epoch, so tests can watch Tune bring it back from its checkpoint.
 FAIL_AFTER_EPOCH = "REINIT_SWEEP_FAIL_AFTER_EPOCH"
@@ -138,7 +137,8 @@ def finetune_trainable(config: dict, data: dict, pretrained: dict, checkpoint_ev
 
 
 def run_pack(pack: dict, data: dict, pretrained: dict, run_only: frozenset | None) -> None:
-    """A pack of trials (sweep.packs) as one computation. Each epoch's report holds, under `pack_results`, every
+    """A pack of trials (sweep.packs) as one computation. Each epoch's report holds, under `pack_results` (by
+    trial_id), every
     member's latest figures (a diverged member's stay as they were when it stopped); the sweep writes one row
     per member from the last. Packs keep no checkpoint: a restarted pack trains its members from the start."""
     from ray import tune
@@ -158,14 +158,14 @@ def run_pack(pack: dict, data: dict, pretrained: dict, run_only: frozenset | Non
             latest[i] = {**result, "trial_id": members[i]["trial_id"]}
         epoch = max(r["epoch"] for r in epoch_results.values())
         statuses = [r.get("status") for r in latest]
-        summary = {"status": "ok", "epoch": epoch, "pack_size": len(members), "pack_results": list(latest),
+        # Keyed by trial_id, not a list: Tune's TensorBoard logger flattens a dict (each member's curves under
+        # pack_results/<trial_id>/) but warns on a list of dicts.
+        summary = {"status": "ok", "epoch": epoch, "pack_size": len(members),
+                   "pack_results": {m["trial_id"]: r for m, r in zip(members, latest) if r},
                    "trials_ok": statuses.count("ok"), "trials_diverged": statuses.count("diverged")}
         if len(members) == 1:  # reported as the trial alone would be, so TensorBoard shows its curves the same
             own = {k: v for k, v in latest[0].items() if k != "trial_id"}
             summary = {**own, **summary, "status": own.get("status", "ok")}
-        else:  # each member's curves in TensorBoard, under trials/<trial_id>/
-            summary["trials"] = {m["trial_id"]: {k: r[k] for k in MEMBER_CURVES if k in r}
-                                 for m, r in zip(members, latest) if r}
         tune.report(summary)
 
     finetune_pack(cfgs, data[pack["data_key"]], pretrained[pack["model_key"]], report=report,
