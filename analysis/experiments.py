@@ -46,7 +46,7 @@ def figure(rows: pd.DataFrame, experiment: str) -> list:
                              offset=0.1 * i)
             F._reference_lines(ax, T.reference_values(refs, task, first["model"], first["train_size"],
                                                       first.get("reinit_mode"), condition=first.to_dict()))
-            F._task_axes(ax, task, F._metric(here))
+            F._task_axes(ax, task, F._metric(here), rows)
             ax.set_xticks(np.arange(len(ticks)), [str(t) for t in ticks])
             ax.set_xlabel(view.x or "", fontsize=8.5)
         F._legend(fig, axes)

@@ -26,7 +26,7 @@ from analysis.stats import split_settings, summarize
 
 PANEL = (3.7, 2.9)  # inches per task panel
 MAX_COLUMNS = 3
-FULL_COLOR, EMBEDDINGS_COLOR = "black", "tab:red"
+FULL_COLOR, EMBEDDINGS_COLOR, CHANCE_COLOR = "black", "tab:red", "tab:gray"
 PROBE_COLOR = "tab:orange"
 PROBE_STYLES = {"mean-pool": "--", "cls-pooler": "-.", "truncated": ":"}
 SERIES_COLORS = ["tab:blue", "tab:red", "tab:green", "tab:purple", "tab:brown"]
@@ -119,11 +119,25 @@ def _title(figure: Figure, text: str) -> None:
     figure.suptitle(text, fontsize=11)
 
 
-def _task_axes(ax, task, metric) -> None:
+def _task_axes(ax, task, metric, rows: pd.DataFrame | None = None) -> None:
+    """A task's panel; with `rows`, the score of a constant prediction drawn across it (`_chance`)."""
     ax.set_title(T.TASK_NAMES.get(task, task), fontsize=10)
     ax.set_ylabel(f"dev {T.METRIC_NAMES.get(metric, metric)}" if metric else "dev metric", fontsize=9)
     ax.tick_params(labelsize=8)
     ax.grid(True, alpha=0.25, linewidth=0.6)
+    chance = _chance(rows, task, metric)
+    if chance is not None:
+        ax.axhline(chance, color=CHANCE_COLOR, linestyle=(0, (1, 2)), linewidth=1.1, zorder=0.5,
+                   label="majority class (a constant prediction)")
+
+
+def _chance(rows: pd.DataFrame | None, task, metric) -> float | None:
+    """The dev score of the best constant prediction for `task` and `metric` (trials record it as
+    dev_chance_metric): where a model that learned nothing lands. None when the rows do not say."""
+    if rows is None or metric is None or "dev_chance_metric" not in rows.columns:
+        return None
+    mine = rows[(rows["task"] == task) & (rows.get("metric_name", metric) == metric)]["dev_chance_metric"].dropna()
+    return float(mine.median()) if len(mine) else None
 
 
 def _layer_ticks(ax, low: int, high: int) -> None:
@@ -262,7 +276,7 @@ def incremental_figure(rows: pd.DataFrame) -> list[Plot]:
                 for (kind, size), line in (there.groupby(["probe", "train_size"], dropna=False) if len(there) else []):
                     _errorline(ax, line["layer"], line, color=PROBE_COLOR, linestyle=PROBE_STYLES.get(kind, "--"),
                                marker=".", linewidth=1.3, label=f"probe ({kind}), {int(size):,} examples")
-                _task_axes(ax, task, _metric(here) or _metric(there))
+                _task_axes(ax, task, _metric(here) or _metric(there), rows)
                 _layer_ticks(ax, 0, layers.get(model, 12))
                 ax.set_xlabel("k (layers 1..k pretrained, k+1..L reinitialized)" if len(sub) else
                               "layer probed (0 = embeddings)", fontsize=8.5)
@@ -306,7 +320,7 @@ def localized_figure(rows: pd.DataFrame) -> list[Plot]:
             first = here.iloc[0]
             _reference_lines(ax, T.reference_values(refs, task, first["model"], first["train_size"],
                                                     first["reinit_mode"], condition=first.to_dict()))
-            _task_axes(ax, task, _metric(here))
+            _task_axes(ax, task, _metric(here), rows)
             starts = sorted(here["block_start"].unique())
             blocks = here.drop_duplicates("block_start").set_index("block_start")["block"]
             ax.set_xticks(starts, [blocks[s] for s in starts], rotation=45 if len(starts) > 6 else 0, fontsize=7.5)
@@ -366,7 +380,7 @@ def permutation_figure(rows: pd.DataFrame) -> list[Plot]:
                             elinewidth=1.2, label="95% t-interval of the mean (n = permutations)")
             ax.set_xlim(-0.6, 0.6)
             ax.set_xticks([])
-            _task_axes(ax, task, line["metric_name"])
+            _task_axes(ax, task, line["metric_name"], rows)
             ax.set_xlabel(f"{int(line['n'])} permutations, {int(line['trials'])} trials", fontsize=8.5)
         _legend(figure, axes, columns=3)
         first = sub.iloc[0]
@@ -410,7 +424,7 @@ def scatter_figure(rows: pd.DataFrame, size: int = 500) -> list[Plot]:
             means = here.groupby("k")["dev_metric"].mean()
             ax.plot(means.index.astype(float), means.values, linestyle=":", color="black", marker="_", markersize=10,
                     linewidth=1.4, label="mean")
-            _task_axes(ax, task, _metric(here) or _metric(sub))
+            _task_axes(ax, task, _metric(here) or _metric(sub), rows)
             _layer_ticks(ax, 0, layers.get(model, 12))
             ax.set_xlabel("k (layers 1..k pretrained)", fontsize=8.5)
         _legend(figure, axes)
@@ -442,7 +456,7 @@ def single_layer_figure(rows: pd.DataFrame) -> list[Plot]:
             _errorline(ax, here["layer"], here, interval="2std", color="tab:blue", label="one layer reinitialized")
             refs_here = T.reference_values(refs, task, first["model"], first["train_size"], condition=first.to_dict())
             _reference_lines(ax, {"full model": refs_here.get("full model")})
-            _task_axes(ax, task, _metric(here))
+            _task_axes(ax, task, _metric(here), rows)
             _layer_ticks(ax, 1, layers.get(first["model"], 12))
             ax.set_xlabel("reinitialized layer", fontsize=8.5)
         _legend(figure, axes)
@@ -475,7 +489,7 @@ def _beside_incremental_figure(table, rows, column, labels, name, title, caption
                 offset = (i - (len(values) - 1) / 2) * 0.15
                 _errorline(ax, line["k"], line, interval="2std", color=SERIES_COLORS[i % len(SERIES_COLORS)],
                            offset=offset, label=labels(value))
-            _task_axes(ax, task, _metric(here))
+            _task_axes(ax, task, _metric(here), rows)
             _layer_ticks(ax, 0, layers.get(first["model"], 12))
             ax.set_xlabel("k (layers 1..k pretrained, k+1..L reinitialized)", fontsize=8.5)
         _legend(figure, axes)
@@ -701,7 +715,7 @@ def probing_figure(rows: pd.DataFrame) -> list[Plot]:
             for kind, line in there.groupby("probe", dropna=False):
                 _errorline(ax, line["layer"], line, color=PROBE_COLOR, linestyle=PROBE_STYLES.get(kind, "--"),
                            marker=".", linewidth=1.3, label=f"probe ({kind}), frozen model at layer k")
-            _task_axes(ax, task, _metric(there) or _metric(here))
+            _task_axes(ax, task, _metric(there) or _metric(here), rows)
             ax.set_title(f"{T.TASK_NAMES.get(task, task)}, {size:,} examples", fontsize=10)
             _layer_ticks(ax, 0, layers.get(model, 12))
             ax.set_xlabel("k: layers kept (finetuned) / layer probed (0 = embeddings)", fontsize=8.5)

@@ -29,7 +29,7 @@ def _number(value, digits: int = 4) -> str:
 
 def _p_value(value) -> str:
     if value is None or (isinstance(value, float) and np.isnan(value)):
-        return ""
+        return "n/a"  # no test could be made: the note says why
     return "<0.0001" if value < 1e-4 else f"{value:.4f}"
 
 
@@ -45,16 +45,17 @@ def readable(table: pd.DataFrame, two_std: bool = False) -> pd.DataFrame:
         if column in _FOLDED:
             continue
         series = table[column]
-        if series.isna().all() or (series.astype(str) == "").all():
-            continue
+        if (series.isna().all() or (series.astype(str) == "").all()) and column not in _P_VALUES:
+            continue  # a test that could not be made stays, as "n/a" beside the note that says why
         if column in _QUIET and series.nunique(dropna=False) <= 1:
             continue
         if column in _P_VALUES:
             out[column] = series.map(_p_value)
-        elif column in ("mean", "std", "mean_difference", "spearman", "pearson", "baseline", "delta", "direct", "mean_val_objective"):
+        elif column in ("mean", "std", "mean_difference", "spearman", "pearson", "baseline", "delta", "direct",
+                        "mean_val_objective", "chance"):
             out[column] = series.map(_number)
         elif column in ("train_size", "n", "diverged", "failed", "k", "layer", "head", "block_start", "block_size",
-                        "pairs", "permutations"):
+                        "pairs", "permutations", "at_chance"):
             out[column] = series.map(lambda v: _number(v, 0))
         elif column == "lr_multiplier":
             out[column] = series.map(lambda v: "" if pd.isna(v) else f"{v:g}x")

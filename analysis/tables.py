@@ -21,6 +21,7 @@ from scipy import stats
 from analysis.results import CORE_COLUMNS, as_list
 from analysis.schema import settings
 from analysis.stats import condition_columns, condition_table, correlation, split_settings, summarize
+from trialrows.summaries import STATISTICS
 
 # Experiments this module knows, what keeps their conditions apart and which finetune with parts reset:
 # analysis.experiments, one entry each; rows of any other experiment still get a table (`other_table`), so
@@ -40,8 +41,7 @@ METRIC_NAMES = {
     "spearman": "Spearman r", "exact_match": "exact match", "exact": "exact match",
 }  # fmt: skip
 
-SUMMARY_COLUMNS = ["n", "excluded", "diverged", "failed", "mean", "std", "ci95_low", "ci95_high",
-                   "mean_minus_2std", "mean_plus_2std", "note"]
+SUMMARY_COLUMNS = STATISTICS
 # Settings that change nothing when no layer, head or pooler is reset: every such row of one task, model,
 # size, training recipe and trial index is the same computation (the full model), whichever experiment or
 # reinit mode ran it.
@@ -266,8 +266,12 @@ def _paired(samples: pd.Series) -> pd.DataFrame:
     out = pd.DataFrame({"pairs": n, "mean_difference": mean, "ci95_low": mean - half, "ci95_high": mean + half,
                         "wilcoxon_p": np.nan}, index=samples.index)
     out["note"] = np.where(n == 0, "no trial index where both this condition and the full model finished",
-                           np.where(zero, "every difference is zero", ""))
-    testable = (n > 0) & ~zero
+                           np.where(n == 1, "one pair: no test (a signed-rank p of one pair is 1 whatever it is)",
+                                    np.where(zero, "every difference is zero", "")))
+    # Below 6 pairs no two-sided signed-rank p can fall under 0.05: shown, and said.
+    few = (n > 1) & (n < 6) & ~zero
+    out.loc[few, "note"] = [f"{k} pairs: no p below {2 / 2 ** k:.4g} is possible" for k in n[few]]
+    testable = (n > 1) & ~zero
     for _, same in out[testable].groupby("pairs"):
         matrix = np.stack(samples.loc[same.index].to_list())
         out.loc[same.index, "wilcoxon_p"] = np.atleast_1d(stats.wilcoxon(matrix, axis=1).pvalue)

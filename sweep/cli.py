@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import dataclasses
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -12,7 +14,9 @@ from sweep.checks import (address_problems, cannot_start, data_dir_problems, gpu
                           storage_problems)
 from sweep.experiments import EXPERIMENTS, PROBES, GridSettings
 from sweep.options import Limits, Option, at_least, each, known_task, non_negative, parse_groups, positive
+from sweep.fingerprints import reconcile, stored_fingerprints, with_fingerprints
 from sweep.grid import TrialSpec, data_key
+from sweep.lock import sweep_lock
 from sweep.packs import parse_pack
 from sweep.runner import CHECKPOINT_EVERY
 from sweep.status import main as status_main
@@ -508,28 +512,52 @@ def main(argv: list[str] | None = None) -> int:
         raw = {**load_raw_tasks(settings, [t for t in tasks if t not in (raw or {})]), **(raw or {})}
         settings = dataclasses.replace(
             settings, train_split_sizes=tuple((task, len(data.train)) for task, data in raw.items()))
-    specs = experiment.build(settings, limits.num_layers, limits.num_heads)
-    name = args.name or args.experiment
-    folder = rows_dir(args.storage, name)
-    plan = experiment.plan_function() or plan_trials
-    todo, planned, rerun_skips, table, note = plan(specs, folder, args, read=not args.dry_run)
-    print(f"{args.experiment}: {settings.model} ({limits.num_layers} layers), storage {args.storage}/{name}")
-    print(describe_grid(specs))
-    if note:
-        print(note)
-    if args.dry_run:
-        return 0
-
-    record_plan(sweep_dir(args.storage, name), argv, args.experiment, planned, rerun_skips)
-    print(f"{len(specs) - len(todo)} already done, {len(todo)} to run")
-    if todo:
+    pretrained = None
+    if not args.dry_run:  # what the trials will read, loaded once: its fingerprints are part of every trial id
+        try:
+            raw = {**load_raw_tasks(settings, [t for t in tasks if t not in (raw or {})]), **(raw or {})}
+        except (OSError, ValueError) as err:
+            return refuse([str(err)])
         print(f"loading {settings.model}", flush=True)
         try:
             pretrained = buildable(settings.model)
         except (OSError, ValueError) as err:
             return refuse([f"--model: '{settings.model}' cannot be built: {err}"])
-        run(todo, settings, args, folder, pretrained, raw)
-    return report(folder, {row["trial_id"] for row in planned}, table)
+        settings = with_fingerprints(settings, raw, pretrained)
+    specs = experiment.build(settings, limits.num_layers, limits.num_heads)
+    name = args.name or args.experiment
+    folder = rows_dir(args.storage, name)
+    # One writer at a time: a second command for this sweep waits, then plans from the rows the first left.
+    writing = contextlib.nullcontext() if args.dry_run else \
+        sweep_lock(sweep_dir(args.storage, name), "python -m sweep " + shlex.join(argv))
+    with contextlib.ExitStack() as held:
+        try:
+            held.enter_context(writing)
+        except OSError as err:  # a full disk or no permission, met by the lock's first write
+            return refuse([f"--storage: cannot write under {sweep_dir(args.storage, name)} ({err}); make room "
+                           "there or give another --storage"])
+        lines = []
+        if not args.dry_run:
+            specs, lines = reconcile(specs, stored_fingerprints(folder))
+        plan = experiment.plan_function() or plan_trials
+        todo, planned, rerun_skips, table, note = plan(specs, folder, args, read=not args.dry_run)
+        print(f"{args.experiment}: {settings.model} ({limits.num_layers} layers), storage {args.storage}/{name}")
+        print(describe_grid(specs))
+        for line in [note, *lines]:
+            if line:
+                print(line)
+        if args.dry_run:
+            return 0
+
+        try:
+            record_plan(sweep_dir(args.storage, name), argv, args.experiment, planned, rerun_skips)
+        except OSError as err:
+            return refuse([f"--storage: cannot write under {sweep_dir(args.storage, name)} ({err}); make room there "
+                           "or give another --storage"])
+        print(f"{len(specs) - len(todo)} already done, {len(todo)} to run")
+        if todo:
+            run(todo, settings, args, folder, pretrained, raw)
+        return report(folder, {row["trial_id"] for row in planned}, table)
 
 
 def plan_trials(specs: list[TrialSpec], folder, options, read: bool = True):

@@ -132,6 +132,10 @@ class GridSettings:
     fractions: tuple[float, ...] = ()  # train sizes as fractions of each task's train split (see sizes_for)
     train_split_sizes: tuple[tuple[str, int], ...] = ()  # task -> train split size, for fractions
     task_sources: tuple = ()  # the user's tasks (trainables.tasks.TaskSource), usable by name in `tasks`
+    # What the trials will read (sweep.fingerprints): task -> its data's fingerprint, and the weights'; empty
+    # in a dry run, which reads neither.
+    data_fingerprints: tuple[tuple[str, str], ...] = ()
+    model_fingerprint: str | None = None
     # Options only one experiment has, by name: an experiment's own option needs no field here.
     own: tuple[tuple[str, object], ...] = ()
 
@@ -209,6 +213,8 @@ def trial(settings: GridSettings, experiment: str, task: str, size: int, trial_i
         own_columns["train_fraction"] = fraction
     if task in settings.sources:  # which columns were read is part of what the trial computes
         own_columns.update(settings.sources[task].columns())
+    fingerprints = dict(settings.data_fingerprints)
+    read = [t for t in (extra.get("intermediate_task"), task) if t is not None]
     return TrialSpec(
         experiment=experiment,
         task=task,
@@ -229,6 +235,8 @@ def trial(settings: GridSettings, experiment: str, task: str, size: int, trial_i
         precision=settings.precision,
         eval_every=settings.eval_every,
         own_columns=tuple(own_columns.items()),
+        data_fingerprint="+".join(fingerprints[t] for t in read) if fingerprints else None,
+        model_fingerprint=settings.model_fingerprint,
         **extra,
     )
 

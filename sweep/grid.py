@@ -35,6 +35,12 @@ class TrialSpec:
     lr_multiplier: float | None = None  # reinit-lr: the reinitialized layers' lr over the base lr
     intermediate_task: str | None = None  # sequential: finetuned on this task before `task`
     own_columns: tuple[tuple[str, object], ...] = ()  # the experiment's own row columns (block_mode, head, ...)
+    # What the trial reads: a hash of its task's data (both tasks' for sequential finetuning) and of the
+    # model's weights (trainables.tasks.data_fingerprint, trainables.models.weights_fingerprint). Changed data
+    # or weights make other trials, never "already done" ones. None: not known (a dry run), or a trial that
+    # continues rows written before fingerprints existed (sweep.fingerprints).
+    data_fingerprint: str | None = None
+    model_fingerprint: str | None = None
     # Fields its rows carry even where unset (sequential's intermediate_task: null is direct finetuning);
     # implied by the experiment, so no identity.
     row_fields: tuple[str, ...] = ()
@@ -55,6 +61,12 @@ class TrialSpec:
         digest = hashlib.sha256(json.dumps(self.identity(), sort_keys=True).encode()).hexdigest()[:10]
         k = "" if self.k is None else f"-k{self.k}"
         return f"{self.experiment}-{self.task}-n{self.train_size}{k}-t{self.trial_index}-{digest}"
+
+    @property
+    def settings_id(self) -> str:
+        """The trial id its settings alone give, without the fingerprints: the id this trial had before
+        fingerprints existed, shared by its runs on other data or weights."""
+        return dataclasses.replace(self, data_fingerprint=None, model_fingerprint=None).trial_id
 
     def row(self) -> dict:
         """The identity columns of this trial's Parquet row."""
@@ -83,6 +95,9 @@ class TrialSpec:
         }
         if self.lr_multiplier is not None:
             row["lr_multiplier"] = self.lr_multiplier
+        if self.data_fingerprint is not None or self.model_fingerprint is not None:
+            row.update(settings_id=self.settings_id, data_fingerprint=self.data_fingerprint,
+                       model_fingerprint=self.model_fingerprint)
         row.update((name, getattr(self, name)) for name in self.row_fields)
         row.update((key, list(v) if isinstance(v, tuple) else v) for key, v in self.own_columns)
         return row
@@ -124,7 +139,7 @@ class TrialSpec:
         return (self.task,) if self.intermediate_task is None else (self.intermediate_task, self.task)
 
 
-OPTIONAL_IDENTITY = ("lr_multiplier", "intermediate_task", "own_columns")
+OPTIONAL_IDENTITY = ("lr_multiplier", "intermediate_task", "own_columns", "data_fingerprint", "model_fingerprint")
 # The ablation joins as its dict; eval_every changes no number; row_fields only shows fields.
 NOT_IDENTITY = ("ablation", "eval_every", "row_fields")
 

@@ -16,13 +16,8 @@ from pathlib import Path
 
 from sweep.checks import cannot_start
 from sweep.grid import TrialSpec, data_key
-from sweep.runner import experiment_name, land_row, make_tuner, trial_error
+from sweep.runner import RowWriter, experiment_name, fit, make_tuner
 
-# What a probe's report adds to its row beside what every finetuning row has (sweep.runner.RESULT_COLUMNS).
-PROBE_COLUMNS = (
-    "stop_epoch", "best_epoch", "val_metric", "val_loss", "val_losses", "fit_size", "val_size",
-    "feature_seconds", "feature_flops", "group_rows", "dev_features_reused",
-)  # fmt: skip
 GROUP_COLUMNS = ("probe", "layer")  # the own columns that vary inside one subset's trial
 
 
@@ -79,47 +74,24 @@ def check_poolers(groups: list[dict], pretrained: dict) -> None:
                                            f"'{group['model_key']}' has none; allowed for it: mean-pool"]))
 
 
-def make_probe_row_writer(folder: Path, groups: list[dict]):
-    """A Tune callback, run in the driver: each probe's row is written when its report arrives; when a
-    subset's trial fails (or ends without reporting a probe), its missing probes get `error` rows."""
-    from ray.tune import Callback
+class ProbeRowWriter(RowWriter):
+    """The sweep's row writer (sweep.runner.RowWriter: a probe's row lands when its report arrives; a
+    subset's trial that fails, or ends without reporting a probe, gives its missing probes `error` rows),
+    printing a line per probe."""
 
-    entries = {p["trial_id"]: p for g in groups for p in g["probes"]}
-    total = len(entries)
+    def __init__(self, folder: Path, total: int):
+        super().__init__(folder)
+        self.total, self.started = total, time.monotonic()
 
-    class ProbeRowWriter(Callback):
-        def __init__(self):
-            self.written: list[str] = []
-            self.started = time.monotonic()
-
-        def _write(self, entry: dict, result: dict, status: str | None, error: str | None) -> None:
-            row = land_row(folder, entry["row"], result, status, error,
-                           **{k: v for k, v in result.items() if k in PROBE_COLUMNS})
-            self.written.append(entry["trial_id"])
+    def land(self, row: dict) -> bool:
+        written = super().land(row)
+        if written:
             metric = row.get("dev_metric")
             shown = f"dev {row.get('metric_name')} {metric:.4f}, stopped at epoch {row.get('stop_epoch')}" \
                 if isinstance(metric, float) else ""
-            print(f"[{len(self.written)}/{total}] {time.monotonic() - self.started:6.0f}s {entry['trial_id']} "
-                  f"{entry['probe']} layer {entry['layer']}: {row['status']} {shown}", flush=True)
-
-        def _missing(self, trial) -> list[dict]:
-            done = set(self.written)
-            return [p for p in trial.config["trial"]["probes"] if p["trial_id"] not in done]
-
-        def on_trial_result(self, iteration, trials, trial, result, **info):
-            entry = entries.get(result.get("row_id"))
-            if entry is not None:
-                self._write(entry, result, status=None, error=None)
-
-        def on_trial_complete(self, iteration, trials, trial, **info):
-            for entry in self._missing(trial):
-                self._write(entry, {}, status="error", error="the trial ended without reporting this probe")
-
-        def on_trial_error(self, iteration, trials, trial, **info):
-            for entry in self._missing(trial):
-                self._write(entry, {}, status="error", error=trial_error(trial))
-
-    return ProbeRowWriter()
+            print(f"[{len(self.written)}/{self.total}] {time.monotonic() - self.started:6.0f}s {row['trial_id']} "
+                  f"{row['probe']} layer {row['layer']}: {row['status']} {shown}", flush=True)
+        return written
 
 
 def run_probing(
@@ -147,7 +119,7 @@ def run_probing(
         tune.with_parameters(probing_trainable, data=data, pretrained=pretrained),
         {"cpu": cpus_per_trial, "gpu": gpus_per_trial},
     )
-    writer = make_probe_row_writer(folder, groups)
+    writer = ProbeRowWriter(folder, len(specs))
     tuner = make_tuner(trainable, param_space={"trial": tune.grid_search(groups)}, name=experiment_name(),
                        storage_path=tune_dir, callbacks=[writer], max_failures=0, verbose=verbose)
-    return tuner.fit(), writer.written
+    return fit(tuner, tune_dir), writer.written

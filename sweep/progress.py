@@ -21,7 +21,6 @@ from ray.tune import Callback
 
 from sweep.packs import pack_results
 
-ENDED_BEFORE = ("TERMINATED", "ERROR")  # Tune's states of trials a restored experiment had already ended
 SHOWN_RUNNING = 3  # running trials named on the line; the rest are counted
 
 
@@ -37,18 +36,18 @@ def minutes(seconds: float) -> str:
 class ProgressView(Callback):
     """`work`: trial_id -> subset size x epochs of every trial this run may train. `interval`: seconds
     between two plain status lines when nothing ends. Holds no stream (Tune pickles its callbacks with the
-    experiment, and a restored one prints to the new driver's stdout)."""
+    experiment)."""
 
     def __init__(self, work: dict[str, float], interval: float = 30.0, clock=time.monotonic):
         self.work, self.interval, self.clock = dict(work), interval, clock
         self.setup()
 
     def setup(self, **info):
-        self.started = self.clock()  # also when a restored experiment brings this view back
+        self.started = self.clock()
         self.fraction: dict[str, float] = {}  # trial_id -> share of its work done (1 once it ended)
         self.first_fraction: dict[str, float] = {}  # the share done before this run (a resumed trial's epochs)
         self.epochs: dict[str, int] = {}  # trial_id -> epochs done, of a running trial
-        self.ended: dict[str, str] = {}  # trial_id -> its row's status, "skipped" or "before" (see `see`)
+        self.ended: dict[str, str] = {}  # trial_id -> its row's status, or "unwritten" (see `end`)
         self.trials: list = []
         self.last_shown = -math.inf
 
@@ -68,17 +67,8 @@ class ProgressView(Callback):
                 self.epochs[trial_id] = epoch
         self.show()
 
-    def on_trial_complete(self, iteration, trials, trial, **info):
-        self.see(trials)
-        # No status: a trial (or pack member) a restored experiment holds but this run must not train
-        # (finetune_trainable's run_only).
-        for trial_id, _, report in member_reports(trial, trial.last_result or {}):
-            self.end(trial_id, report.get("status", "skipped"), report.get("dev_metric"))
-
-    def on_trial_error(self, iteration, trials, trial, **info):
-        self.see(trials)
-        for trial_id in member_ids(trial):
-            self.end(trial_id, "error", None)
+    # How each trial ended comes from the row writer (sweep.runner.RowWriter calls `end`): the rows it lands,
+    # and the rows it could not write, are what the counts say.
 
     def on_experiment_end(self, trials, **info):
         self.see(trials)
@@ -90,25 +80,19 @@ class ProgressView(Callback):
     # State
 
     def see(self, trials) -> None:
-        """Take Tune's trial list; trials a restored experiment had already ended count as done, with no
-        work left and none of this run's pace."""
         self.trials = trials
-        for trial in trials:
-            for trial_id in member_ids(trial) if trial.status in ENDED_BEFORE else ():
-                if trial_id not in self.ended:
-                    self.ended[trial_id] = "before"
-                    self.fraction[trial_id] = self.first_fraction[trial_id] = 1.0
 
     def end(self, trial_id: str, status: str, metric) -> None:
-        if self.ended.get(trial_id) not in (None, "before"):
-            return  # Tune may end a trial twice (complete, then an error in a later callback)
+        """A trial ended: `status` is its row's, or "unwritten" (its row could not be written: counted as
+        failed)."""
+        if trial_id in self.ended:
+            return  # an error row after a final one is never written; counted once either way
         self.ended[trial_id] = status
         self.epochs.pop(trial_id, None)
-        self.first_fraction.setdefault(trial_id, 1.0 if status == "skipped" else 0.0)
+        self.first_fraction.setdefault(trial_id, 0.0)
         self.fraction[trial_id] = 1.0
-        if status != "skipped":
-            shown = f" dev_metric={metric:.4f}" if isinstance(metric, float) and math.isfinite(metric) else ""
-            self.show(ended=f"{trial_id} {status}{shown}")
+        shown = f" dev_metric={metric:.4f}" if isinstance(metric, float) and math.isfinite(metric) else ""
+        self.show(ended=f"{trial_id} {status}{shown}")
 
     def running(self) -> list[tuple[str, int]]:
         """(trial_id, epochs) of the trials running now; a running pack's members each count."""
@@ -130,7 +114,8 @@ class ProgressView(Callback):
         done = sum(1 for t in self.ended if t in self.work)
         running = self.running()
         eta = self.eta()
-        line = (f"[{done}/{total}] ok {states['ok']} · diverged {states['diverged']} · failed {states['error']} · "
+        failed = states["error"] + states["unwritten"]
+        line = (f"[{done}/{total}] ok {states['ok']} · diverged {states['diverged']} · failed {failed} · "
                 f"running {len(running)} · pending {max(total - done - len(running), 0)} · "
                 f"elapsed {minutes(self.clock() - self.started)} · "
                 f"eta {minutes(eta) if eta is not None else 'after the first epochs'}")
@@ -165,10 +150,6 @@ class ProgressView(Callback):
 def members(trial) -> list[dict]:
     """The trial configs a Tune trial runs: a pack's members (sweep.packs), or its own."""
     return trial.config["trial"].get("pack", [trial.config["trial"]])
-
-
-def member_ids(trial) -> list[str]:
-    return [m["trial_id"] for m in members(trial)]
 
 
 def member_reports(trial, result: dict) -> list[tuple[str, int, dict]]:

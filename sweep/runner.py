@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 import datetime
-import platform
-import time
+import os
+import sys
 from pathlib import Path
 
+from ray.tune import Callback
+
 from sweep.grid import TrialSpec
-from sweep.packs import group_into_packs, members, pack_resources, pack_results, resolve_pack
-from sweep.store import filesystem, write_row
+from sweep.packs import group_into_packs, pack_resources, resolve_pack
+from sweep.store import write_row
+from trainables.rows import ended_rows, make_row
 
 # Seconds between two epoch-end checkpoints of a trial. A BERT-base checkpoint (weights and Adam moments,
 # 1.3 GB) took 3.65 s to a local disk here, more to a bucket: after every epoch that is 16% of a 500-example
@@ -16,34 +19,8 @@ from sweep.store import filesystem, write_row
 # minutes of each of its trials. The paper's 500- and 5k-example trials finish before their first checkpoint
 # is due: they simply start over. docs/benchmarks.md, "Checkpoints".
 CHECKPOINT_EVERY = 900.0
-CHECKPOINTS_KEPT = 2  # Tune's experiment snapshot may lag one checkpoint behind; it must still find it
+CHECKPOINTS_KEPT = 2  # the newest may be cut short by a lost machine; the one before it stands
 FINISHED_NOTE = "FINISHED"  # what is left of a finished trial's checkpoint
-
-
-def library_versions() -> dict:
-    import ray
-    import torch
-    import transformers
-
-    return {
-        "torch_version": torch.__version__,
-        "transformers_version": transformers.__version__,
-        "ray_version": ray.__version__,
-        "python_version": platform.python_version(),
-    }
-
-
-def land_row(folder: Path | str, planned: dict, result: dict, status: str | None, error: str | None,
-             **columns) -> dict:
-    """Make a trial's row and write it to `folder`: the one way every runner lands a row. The planned row
-    (TrialSpec.row()), what its last report measured (`result_fields`), the runner's own `columns`, the
-    library versions and host; `status` None keeps the reported one (a trial that reported none failed)."""
-    row = {**planned, **result_fields(result), **columns, **library_versions(), "host": platform.node()}
-    row["status"] = status or row.get("status") or "error"
-    row["error"] = error
-    row["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    write_row(folder, row)
-    return row
 
 
 def make_tuner(trainable, *, name: str, storage_path, callbacks: list, max_failures: int, param_space=None,
@@ -77,51 +54,81 @@ def experiment_name() -> str:
     return datetime.datetime.now().strftime("tune-%Y%m%d-%H%M%S-%f")
 
 
-def make_row_writer(folder: Path | str, keep_checkpoints: bool = True):
-    """A Tune callback, run in the driver, that writes a trial's row the moment the trial ends (a pack's: one
-    row per member), then (unless `keep_checkpoints`) deletes the checkpoints of a finished trial."""
-    from ray.tune import Callback
-
-    class ParquetRowWriter(Callback):
-        def __init__(self):
-            self.written: list[str] = []
-
-        def _write(self, trial, status: str | None, error: str | None) -> None:
-            ended = []
-            for member, last_result in member_results(trial):
-                row = land_row(folder, member["row"], last_result, status, error, **pack_columns(trial.config["trial"]))
-                self.written.append(row["trial_id"])
-                ended.append(row["status"])
-            if "error" not in ended and not keep_checkpoints:
-                drop_checkpoints(trial)
-
-        def on_trial_complete(self, iteration, trials, trial, **info):
-            if "status" not in (trial.last_result or {}):
-                return  # it reported nothing: a resumed experiment's trial this run must not train
-            self._write(trial, status=None, error=None)
-
-        def on_trial_error(self, iteration, trials, trial, **info):
-            self._write(trial, status="error", error=trial_error(trial))
-
-    return ParquetRowWriter()
+def planned_members(trial: dict) -> list[dict]:
+    """The trials (each with its `trial_id` and planned `row`) a Tune trial's config stands for: a pack's
+    members, a probing subset's probes, or itself."""
+    return trial.get("pack") or trial.get("probes") or [trial]
 
 
-def member_results(trial) -> list[tuple[dict, dict]]:
-    """(trial config, its last result) for each trial a Tune trial ran: itself, or a pack's members (those it
-    reported on; all of them when it failed before its first report)."""
-    last = trial.last_result or {}
-    if "pack" not in trial.config["trial"]:
-        return [(trial.config["trial"], last)]
-    by_id = pack_results(last)
-    return [(m, by_id.get(m["trial_id"], {})) for m in members(trial.config["trial"])
-            if not by_id or m["trial_id"] in by_id]
+class RowWriter(Callback):
+    """A Tune callback, run in the driver, that lands the rows the trials' reports carry (trainables.rows),
+    as they arrive, and an `error` row for each trial that failed or ended without one.
+
+    A trial whose final row has landed (before this run: `landed`; or in it) keeps it: a second row for it,
+    from a retried or restarted attempt, is dropped here, and the store refuses it too (sweep.store.write_row).
+    A row that cannot be written (a full disk, no permission) is named in one line and counted in
+    `unwritten`; the trial runs again on a rerun. `progress`, if given, is told how each trial ended."""
+
+    def __init__(self, folder: Path | str, landed=frozenset(), keep_checkpoints: bool = True, progress=None):
+        self.folder, self.keep_checkpoints, self.progress = folder, keep_checkpoints, progress
+        self.final: set[str] = set(landed)  # trials whose final row stands
+        self.written: list[str] = []  # trial_ids of the rows this run wrote, in order
+        self.errored: set[str] = set()
+        self.unwritten: dict[str, str] = {}  # trial_id -> why its row could not be written
+
+    def land(self, row: dict) -> bool:
+        """Write `row` unless its trial's final row stands; returns whether it was written."""
+        trial_id = row["trial_id"]
+        if trial_id in self.final or (row["status"] == "error" and trial_id in self.errored):
+            return False
+        try:
+            written = write_row(self.folder, row) is not None
+        except OSError as err:
+            self.unwritten[trial_id] = f"{type(err).__name__}: {err}"
+            print(f"cannot write the row of {trial_id} to {self.folder}: {err}; it runs again when the sweep is "
+                  "rerun with space and permission there", file=sys.stderr, flush=True)
+            self.tell(trial_id, "unwritten", None)
+            return False
+        if row["status"] == "error":
+            self.errored.add(trial_id)
+        else:
+            self.final.add(trial_id)
+        if written:
+            self.written.append(trial_id)
+            self.tell(trial_id, row["status"], row.get("dev_metric"))
+        return written
+
+    def tell(self, trial_id: str, status: str, metric) -> None:
+        if self.progress is not None:
+            self.progress.end(trial_id, status, metric)
+
+    def unended(self, trial) -> list[dict]:
+        return [m for m in planned_members(trial.config["trial"])
+                if m["trial_id"] not in self.final and m["trial_id"] not in self.unwritten]
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        for row in ended_rows(result):
+            self.land(row)
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        self.on_trial_result(iteration, trials, trial, trial.last_result or {})
+        for member in self.unended(trial):
+            self.land(self.end_row(member, trial.last_result or {}))
+        if not self.keep_checkpoints and not self.unended(trial):
+            drop_checkpoints(trial)
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        for member in self.unended(trial):
+            self.land(make_row(member["row"], where_known(trial.last_result), "error", trial_error(trial)))
+
+    def end_row(self, member: dict, last: dict) -> dict:
+        """The row of a trial that ended with no row of its own (a runner's trials always send one)."""
+        return make_row(member["row"], where_known(last), "error", "the trial ended without a final report")
 
 
-def pack_columns(trial: dict) -> dict:
-    """pack_size and pack_id of the rows a Tune trial writes (1 and none for a trial trained alone)."""
-    if "pack" not in trial:
-        return {"pack_size": 1, "pack_id": None}
-    return {"pack_size": len(trial["pack"]), "pack_id": trial["trial_id"]}
+def where_known(last: dict | None) -> dict:
+    """`host` and `node_id` of a trial's last report (where it ran), if it made one."""
+    return {k: (last or {}).get(k) for k in ("host", "node_id")}
 
 
 def trial_error(trial) -> str:
@@ -135,31 +142,22 @@ def trial_error(trial) -> str:
 
 
 def drop_checkpoints(trial) -> None:
-    """Delete what a finished trial's checkpoints hold, leaving in each folder a small note. A resumed Tune
-    experiment whose last snapshot still had the trial running restores it from that folder, so the folder
-    must exist; the trial then ends at once (finetune_trainable's run_only) without reading it."""
+    """Delete what a finished trial's checkpoints hold, in this run's folder of the trial and in those earlier
+    runs of the sweep left (a resumed trial went on from them), leaving in each checkpoint folder a small note
+    that says why it is empty."""
     import pyarrow.fs
 
-    fs, path = trial.storage.storage_filesystem, trial.path
-    for info in fs.get_file_info(pyarrow.fs.FileSelector(path, allow_not_found=True)):
-        if info.type == pyarrow.fs.FileType.Directory and info.base_name.startswith("checkpoint_"):
-            fs.delete_dir_contents(info.path)
-            with fs.open_output_stream(f"{info.path}/{FINISHED_NOTE}") as note:
-                note.write(b"the trial finished; its row is in the sweep's rows folder\n")
-
-
-# What a trial's last report contributes to its row besides its dev_* metrics (Tune adds its own
-# bookkeeping, which we leave out).
-RESULT_COLUMNS = {
-    "status", "metric_name", "dev_metric", "dev_metrics_by_epoch", "train_loss", "lr_last", "resumed_from_epoch",
-    "train_seconds", "eval_seconds", "wall_seconds", "model_flops", "mfu", "peak_flops", "peak_flops_source",
-    "device", "torch_threads", "weight_distance", "dev_epochs", "epochs_run", "clipped_steps",
-    "intermediate_weight_distance", "pack_size", "pack_id", "model_type", "label_names", "task_file",
-}  # fmt: skip
-
-
-def result_fields(last_result: dict) -> dict:
-    return {k: v for k, v in last_result.items() if k in RESULT_COLUMNS or k.startswith("dev_")}
+    fs, experiment = trial.storage.storage_filesystem, os.path.dirname(trial.path.rstrip("/"))
+    runs = fs.get_file_info(pyarrow.fs.FileSelector(os.path.dirname(experiment), allow_not_found=True))
+    for run in runs:
+        if run.type != pyarrow.fs.FileType.Directory or not run.base_name.startswith("tune-"):
+            continue
+        folder = f"{run.path}/{os.path.basename(trial.path.rstrip('/'))}"
+        for info in fs.get_file_info(pyarrow.fs.FileSelector(folder, allow_not_found=True)):
+            if info.type == pyarrow.fs.FileType.Directory and info.base_name.startswith("checkpoint_"):
+                fs.delete_dir_contents(info.path)
+                with fs.open_output_stream(f"{info.path}/{FINISHED_NOTE}") as note:
+                    note.write(b"the trial finished; its row is in the sweep's rows folder\n")
 
 
 def run_trials(
@@ -174,13 +172,15 @@ def run_trials(
     options=None,
     verbose: int = 0,
 ):
-    """Run every spec as a Tune trial; returns the Tune ResultGrid. Rows land in `folder` as trials end.
-    `options` is the parsed command line (None when called from Python), for settings of how to run:
-    checkpoint_every, keep_checkpoints, max_failures, resume (see sweep.cli's "running" options).
+    """Run every spec as a Tune trial; returns (the Tune ResultGrid, the trial_ids of the rows written). Rows
+    land in `folder` as trials end. `options` is the parsed command line (None when called from Python), for
+    settings of how to run: checkpoint_every, keep_checkpoints, max_failures, resume, pack (see sweep.cli's
+    "running" options).
 
-    With `resume`, the newest Tune experiment under `tune_dir` is restored first (Tuner.restore): its
-    unfinished and failed trials continue from their last checkpoints, in their own trial folders; then any
-    spec it did not hold (a widened grid) runs in a new experiment."""
+    Every run is a new Tune experiment. With `resume`, each trial goes on from the newest checkpoint an earlier
+    run left for its trial_id under `tune_dir` (trainables.tune_trainable.earlier_checkpoint): a resume is
+    rebuilt from the store's rows (which trials are done) and checkpoints, and never unpickles Tune's
+    experiment state, which anyone who can write to the store could have replaced."""
     from ray import tune
 
     import ray
@@ -190,14 +190,12 @@ def run_trials(
     checkpoint_every = getattr(options, "checkpoint_every", CHECKPOINT_EVERY)
     keep_checkpoints = getattr(options, "keep_checkpoints", False)
     max_failures = getattr(options, "max_failures", 2)
+    resume = getattr(options, "resume", False)
     resources = pack_resources(cpus_per_trial, gpus_per_trial, ray.cluster_resources().get("CPU", 1.0))
-    trainable = make_trainable(data, pretrained, resources, checkpoint_every,
-                               run_only=frozenset(s.trial_id for s in specs))
-    if getattr(options, "resume", False):
-        specs = resume_experiment(tune_dir, trainable, specs)
-        if not specs:
-            return None, []
-    writer = make_row_writer(folder, keep_checkpoints)
+    trainable = make_trainable(data, pretrained, resources, checkpoint_every, str(tune_dir) if resume else None)
+    if resume:
+        print(f"--resume: each unfinished trial goes on from the newest checkpoint an earlier run left for it under "
+              f"{tune_dir}", flush=True)
     checkpointed = checkpoint_every is not None and checkpoint_every < CHECKPOINT_EVERY
     size, fuse_alone = resolve_pack(getattr(options, "pack", 1), gpus_per_trial,
                                     max(map(parameter_count, pretrained.values())), checkpointed)
@@ -207,24 +205,46 @@ def run_trials(
         print(f"--pack {getattr(options, 'pack', 1)}: up to {size} trial{'s' * (size > 1)} a fused pack; {len(specs)} "
               f"trials in {len(units)} Tune trials, {fused} of them fused packs (packs keep no checkpoint; "
               f"--checkpoint-every below {CHECKPOINT_EVERY:g} or --pack 1 trains trials alone, checkpointed)", flush=True)
+    progress = ProgressView({s.trial_id: s.train_size * s.epochs for s in specs})
+    writer = RowWriter(folder, keep_checkpoints=keep_checkpoints, progress=progress)
     tuner = make_tuner(
         trainable, param_space={"trial": tune.grid_search(units)}, name=experiment_name(), storage_path=tune_dir,
-        callbacks=[writer, ProgressView({s.trial_id: s.train_size * s.epochs for s in specs})],
+        callbacks=[writer, progress],
         checkpoint_config=tune.CheckpointConfig(num_to_keep=CHECKPOINTS_KEPT),
         # A failed or preempted trial goes on from its last checkpoint, up to this many times.
         max_failures=max_failures, verbose=verbose,
     )
-    return tuner.fit(), writer.written
+    results = fit(tuner, tune_dir)
+    say_unwritten(writer, folder)
+    return results, writer.written
 
 
-def make_trainable(data, pretrained, resources, checkpoint_every, run_only):
+def fit(tuner, tune_dir):
+    """tuner.fit(); a failure to write Tune's own files (its logs and state under `tune_dir`: a full disk, no
+    permission) ends the run with one line naming the folder instead of a traceback. Rows landed so far stand,
+    and a rerun runs what is left."""
+    try:
+        return tuner.fit()
+    except OSError as err:
+        raise SystemExit(f"the sweep stopped: Ray Tune could not write under {tune_dir} ({err}); the rows landed so "
+                         "far stand, and running the same command again, with space there, runs what is left") from err
+
+
+def say_unwritten(writer: RowWriter, folder) -> None:
+    if writer.unwritten:
+        reason = next(iter(writer.unwritten.values()))
+        print(f"{len(writer.unwritten)} trials ended but their rows could not be written to {folder} ({reason}); "
+              "make room there and run the same command again: they run again then", file=sys.stderr, flush=True)
+
+
+def make_trainable(data, pretrained, resources, checkpoint_every, resume_from):
     from ray import tune
 
     from trainables.tune_trainable import finetune_trainable
 
     return tune.with_resources(
         tune.with_parameters(finetune_trainable, data=data, pretrained=pretrained,
-                             checkpoint_every=checkpoint_every, run_only=run_only),
+                             checkpoint_every=checkpoint_every, resume_from=resume_from),
         resources,
     )
 
@@ -232,39 +252,3 @@ def make_trainable(data, pretrained, resources, checkpoint_every, run_only):
 def parameter_count(pretrained) -> int:
     """Parameters of a pretrained encoder (its head is small beside it), for sizing --pack auto on GPUs."""
     return sum(tensor.numel() for tensor in pretrained.state_dict.values())
-
-
-def latest_experiment(tune_dir: Path | str) -> str | None:
-    """The newest Tune experiment under a sweep's folder that can be restored, as a path or URI."""
-    import pyarrow.fs
-    from ray import tune
-
-    from sweep.store import join
-
-    fs, path = filesystem(tune_dir)
-    found = fs.get_file_info(pyarrow.fs.FileSelector(path, allow_not_found=True))
-    names = sorted((f.base_name for f in found if f.type == pyarrow.fs.FileType.Directory
-                    and f.base_name.startswith("tune-")), reverse=True)
-    for name in names:
-        experiment = str(join(tune_dir, name))
-        if tune.Tuner.can_restore(experiment):
-            return experiment
-    return None
-
-
-def resume_experiment(tune_dir: Path | str, trainable, specs: list[TrialSpec]) -> list[TrialSpec]:
-    """Restore and finish the newest Tune experiment of the sweep; returns the specs it did not hold."""
-    from ray import tune
-
-    experiment = latest_experiment(tune_dir)
-    if experiment is None:
-        print(f"--resume: no Tune experiment to continue under {tune_dir}; running the trials afresh", flush=True)
-        return specs
-    print(f"--resume: continuing {experiment}: its unfinished trials go on from their last checkpoints",
-          flush=True)
-    restored = tune.Tuner.restore(experiment, trainable=trainable, resume_unfinished=True, resume_errored=True)
-    held = {m["trial_id"] for result in restored.fit() for m in members(result.config["trial"])}
-    rest = [spec for spec in specs if spec.trial_id not in held]
-    if rest:
-        print(f"--resume: {len(rest)} trials were not in that experiment; running them now", flush=True)
-    return rest

@@ -11,10 +11,12 @@ trials early.
 - Each cell's study is one Tune experiment in `<storage>/<name>/searches/<cell id>`. Cells run at the same
   time on the cluster: each Tuner is driven from a Ray task of its own (no CPU, on the driver's node, where
   the rows are written), and their trials share the cluster's resources.
-- Resume: a rerun restores every unfinished cell (`Tuner.restore`), so its Optuna study, sampler state and
-  remaining budget carry on where they stopped; a cell whose budget is spent is not started at all. A trial
-  whose row landed after the study's last snapshot is not trained again: its stored figures are replayed to
-  the study (`landed_reports`).
+- Resume: a rerun rebuilds every unfinished cell's study from the cell's rows (never from Tune's pickled
+  experiment state, which anyone who can write to the store could have replaced): each landed trial is asked
+  again at its own point and replays its stored figures instead of training (`landed_reports`), so Optuna
+  and ASHA learn what they knew, under the trial's own number; the rest of the budget is new trials, numbered
+  after them. A cell whose budget is spent is not started at all. The rebuilt study's next suggestions come
+  from the same history but not the same sampler state, so they may differ from an uninterrupted run's.
 - Rows: one per trial, `<cell id>-s<n>`, n Optuna's trial number (s0 is the baseline); ASHA-stopped trials
   land too, with status `pruned`.
 """
@@ -22,15 +24,15 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 import json
 from pathlib import Path
 
-from ray.tune import Callback
-
 from sweep.checks import cannot_start
 from sweep.grid import TrialSpec
-from sweep.runner import land_row, make_tuner, trial_error
-from sweep.store import filesystem, join, parent, stored_trial_ids
+from sweep.runner import RowWriter, experiment_name, make_tuner
+from sweep.store import filesystem, join, stored_trial_ids
+from trainables.rows import make_row
 
 VAL_METRIC = "val_metric"  # the only figure the search reads: the held-out part of the training subset
 FINISHED = ("ok", "diverged", "pruned")  # rows of trials a resumed study does not run again
@@ -67,22 +69,37 @@ class MultiplierSpace:
     low: float
     high: float
     cell: dict  # the cell's config (TrialSpec.to_config())
+    landed: tuple[int, ...] = ()  # the sample numbers of the cell's landed trials, asked first in this order
 
     def __call__(self, trial) -> dict:
         value = {name: trial.suggest_float(name, self.low, self.high, log=True) for name in dict.fromkeys(self.params)}
-        return {"trial": trial_config(self.cell, trial.number, [value[name] for name in self.params])}
+        return {"trial": trial_config(self.cell, self.sample(trial.number), [value[name] for name in self.params])}
+
+    def sample(self, number: int) -> int:
+        """The sample number of the study's n-th trial: the landed ones first, then the numbers they left free."""
+        if number < len(self.landed):
+            return self.landed[number]
+        free = (n for n in itertools.count() if n not in self.landed)
+        return next(itertools.islice(free, number - len(self.landed), None))
+
+    def point(self, multipliers) -> dict:
+        """The search parameters that give these per-layer multipliers."""
+        point = {}
+        for name, multiplier in zip(self.params, multipliers):
+            point.setdefault(name, float(multiplier))
+        return point
 
     @property
     def baseline(self) -> dict:
         return {name: 1.0 for name in dict.fromkeys(self.params)}
 
 
-def cell_space(spec: TrialSpec, num_layers: int) -> MultiplierSpace:
+def cell_space(spec: TrialSpec, num_layers: int, landed: tuple[int, ...] = ()) -> MultiplierSpace:
     own = dict(spec.own_columns)
     cell = spec.to_config()
     cell["row"]["search_seed"] = spec.seed
     return MultiplierSpace(layer_params(own["group"], spec.k, num_layers), own["multiplier_low"],
-                           own["multiplier_high"], cell)
+                           own["multiplier_high"], cell, landed)
 
 
 def startup_trials(num_samples: int) -> int:
@@ -91,16 +108,19 @@ def startup_trials(num_samples: int) -> int:
     return max(2, min(10, num_samples // 3))
 
 
-def search_options(spec: TrialSpec, num_layers: int, num_samples: int) -> dict:
+def search_options(spec: TrialSpec, num_layers: int, num_samples: int, landed: dict[int, list] | None = None) -> dict:
     """What a cell's Tuner adds to the common set-up (sweep.runner.make_tuner): Optuna's sampler, ASHA, the
-    budget."""
+    budget. `landed`: the multipliers of the cell's landed trials by sample number; they are asked first (and
+    replay their figures), then the baseline if it has not landed, then the sampler's own points."""
     import optuna
     from ray.tune.schedulers import ASHAScheduler
     from ray.tune.search.optuna import OptunaSearch
 
-    space = cell_space(spec, num_layers)
+    landed = landed or {}
+    space = cell_space(spec, num_layers, tuple(sorted(landed)))
+    points = [space.point(landed[n]) for n in space.landed] + ([] if 0 in landed else [space.baseline])
     searcher = OptunaSearch(
-        space, metric=VAL_METRIC, mode="max", points_to_evaluate=[space.baseline],
+        space, metric=VAL_METRIC, mode="max", points_to_evaluate=points,
         sampler=optuna.samplers.TPESampler(seed=spec.seed, n_startup_trials=startup_trials(num_samples)),
     )
     # OptunaSearch uses no Optuna pruner: early stopping is ASHA's, on the same held-out metric, per epoch.
@@ -109,42 +129,37 @@ def search_options(spec: TrialSpec, num_layers: int, num_samples: int) -> dict:
     return {"search_alg": searcher, "scheduler": scheduler, "num_samples": num_samples}
 
 
-class SearchRowWriter(Callback):
-    """Writes one row per ended trial, pruned ones included, and prints one line. It runs in the cell's
-    driver task; a module-level class, since Tune pickles callbacks with the experiment."""
+class SearchRowWriter(RowWriter):
+    """The sweep's row writer (sweep.runner.RowWriter) for one cell's study, in the cell's driver task: a trial
+    that ran its epochs lands the row it reported; one that ASHA stopped gets a `pruned` row made from its last
+    report; a replayed one (its row landed in an earlier run) stands. Prints a line per row. A module-level
+    class, since Tune pickles callbacks with the experiment."""
 
     def __init__(self, folder: Path | str, cell: str, num_samples: int):
-        self.folder, self.cell, self.num_samples = folder, cell, num_samples
-
-    def _write(self, trial, status: str | None, error: str | None) -> None:
-        last = trial.last_result or {}
-        epochs = trial.config["trial"]["finetune"]["epochs"]
-        epochs_run = int(last.get("epoch", 0))
-        if status is None:
-            status = last.get("status", "error")
-            if status == "ok" and epochs_run < epochs:
-                status = "pruned"  # ASHA stopped it
-        row = land_row(self.folder, trial.config["trial"]["row"], last, status, error,
-                       val_objective=last.get(VAL_METRIC),  # what Optuna was told: the last epoch's val_metric
-                       val_metrics_by_epoch=last.get("val_metrics_by_epoch"), epochs_run=epochs_run,
-                       layer_lrs=last.get("layer_lrs"))
-        done = count_rows(self.folder, f"{self.cell}-s")
-        shown = " ".join(f"{m:.3g}" for m in row["multipliers"])
-        val, dev = row["val_objective"], row.get("dev_metric")
-        print(f"[{self.cell} {done}/{self.num_samples}] s{row['sample']} {status} after {row['epochs_run']}/{epochs} "
-              f"epochs | multipliers {shown} | val {val if val is None else f'{val:.4f}'} "
-              f"dev {dev if dev is None else f'{dev:.4f}'}", flush=True)
+        super().__init__(folder)
+        self.cell, self.num_samples = cell, num_samples
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         last = trial.last_result or {}
-        if last.get("replayed"):  # its row landed before the kill that its study's snapshot missed: it stands
-            print(f"[{self.cell}] s{trial.config['trial']['row']['sample']} had landed before the restart; "
-                  "its row stands and the study got its figures back", flush=True)
-        elif "status" in last:  # else it reported nothing this run: its row stands
-            self._write(trial, status=None, error=None)
+        if last.get("replayed"):  # its row landed in an earlier run: it stands
+            self.final.add(trial.config["trial"]["trial_id"])
+            print(f"[{self.cell}] s{trial.config['trial']['row']['sample']} had landed in an earlier run; its row "
+                  "stands and the study got its figures back", flush=True)
+        super().on_trial_complete(iteration, trials, trial, **info)
 
-    def on_trial_error(self, iteration, trials, trial, **info):
-        self._write(trial, status="error", error=trial_error(trial))
+    def end_row(self, member: dict, last: dict) -> dict:
+        return make_row(member["row"], last, "pruned", val_objective=last.get(VAL_METRIC))  # ASHA stopped it
+
+    def land(self, row: dict) -> bool:
+        written = super().land(row)
+        if written:
+            done = count_rows(self.folder, f"{self.cell}-s")
+            shown = " ".join(f"{m:.3g}" for m in row["multipliers"])
+            val, dev = row.get("val_objective"), row.get("dev_metric")
+            print(f"[{self.cell} {done}/{self.num_samples}] s{row['sample']} {row['status']} after "
+                  f"{row.get('epochs_run') or 0}/{row['epochs']} epochs | multipliers {shown} | val "
+                  f"{val if val is None else f'{val:.4f}'} dev {dev if dev is None else f'{dev:.4f}'}", flush=True)
+        return written
 
 
 def count_rows(folder: Path | str, prefix: str) -> int:
@@ -158,18 +173,12 @@ def experiment_dir(tune_dir: Path | str, spec: TrialSpec) -> Path | str:
 
 
 def search_cell(spec: TrialSpec, num_layers: int, num_samples: int, trainable, folder: Path | str,
-                path: Path | str) -> str:
-    """Run one cell's study to its budget, or continue it where it stopped (inside a Ray task)."""
-    from ray import tune
-
-    if tune.Tuner.can_restore(str(path)):
-        # Optuna's study and sampler, Tune's trials and the remaining budget all come back; trials that were
-        # running start again, errored ones are retried.
-        tuner = tune.Tuner.restore(str(path), trainable, resume_unfinished=True, resume_errored=True)
-    else:
-        tuner = make_tuner(trainable, name=spec.trial_id, storage_path=parent(path), max_failures=0,
-                           callbacks=[SearchRowWriter(folder, spec.trial_id, num_samples)],
-                           **search_options(spec, num_layers, num_samples))
+                path: Path | str, landed: dict[int, list]) -> str:
+    """Run one cell's study to its budget (inside a Ray task), as a new Tune experiment under the cell's folder;
+    `landed`: the multipliers of its trials whose rows landed in earlier runs, by sample number."""
+    tuner = make_tuner(trainable, name=experiment_name(), storage_path=path, max_failures=0,
+                       callbacks=[SearchRowWriter(folder, spec.trial_id, num_samples)],
+                       **search_options(spec, num_layers, num_samples, landed))
     tuner.fit()
     return spec.trial_id
 
@@ -217,14 +226,12 @@ def run_searches(specs: list[TrialSpec], *, data: dict, pretrained: dict, folder
         {"cpu": cpus_per_trial, "gpu": gpus_per_trial},
     )
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-    # Tune saves a study's state at most every few seconds by default; every second keeps the trials a kill
-    # makes a resumed study run again to those that ended in the last second (and those replay their rows).
-    search = ray.remote(num_cpus=0)(search_cell).options(
-        scheduling_strategy=here, runtime_env={"env_vars": {"TUNE_GLOBAL_CHECKPOINT_S": "1"}})
+    search = ray.remote(num_cpus=0)(search_cell).options(scheduling_strategy=here)
     print(f"{len(specs)} studies of {num_samples} trials each; Tune experiments in {join(tune_dir, 'searches')}")
+    points = landed_points(folder)
     return ray.get([
         search.remote(spec, pretrained[spec.model].num_layers, num_samples, trainable, folder,
-                      experiment_dir(tune_dir, spec))
+                      experiment_dir(tune_dir, spec), points.get(spec.trial_id, {}))
         for spec in specs
     ])
 
@@ -265,11 +272,25 @@ def unfinished_cells(specs: list[TrialSpec], folder: Path | str, num_samples: in
     return [s for s in specs if done.get(s.trial_id, 0) < num_samples]
 
 
+def landed_points(folder: Path | str) -> dict[str, dict[int, list]]:
+    """Per cell, the multipliers of its trials whose rows landed, by sample number: what a rerun's study asks
+    first (`search_options`)."""
+    from trialrows.read import as_list
+
+    rows = finished_rows(folder, ["sample", "multipliers"])
+    if rows is None:
+        return {}
+    points: dict[str, dict[int, list]] = {}
+    for row in rows.itertuples():
+        if as_list(row.multipliers):
+            points.setdefault(row.cell, {})[int(row.sample)] = [float(m) for m in as_list(row.multipliers)]
+    return points
+
+
 def landed_reports(specs: list[TrialSpec], folder: Path | str) -> dict:
     """For `finetune_trainable(landed=...)`: per trial whose row has landed, the epoch reports that gave it
-    (the held-out figure of every epoch, the last with the row's status). A kill can land between a trial's
-    row and its study's next snapshot; the resumed study then runs that trial again, and gets these back
-    instead of a second training."""
+    (the held-out figure of every epoch). A rerun's study asks each landed trial again (`landed_points`) and
+    gets these back instead of a second training."""
     from trainables.tune_trainable import replay_key
     from trialrows.read import as_list
 
@@ -284,10 +305,8 @@ def landed_reports(specs: list[TrialSpec], folder: Path | str) -> dict:
             continue  # a row without the figures to replay: the trial trains again
         # ASHA hears every epoch again; restored, it could stop the replay at an earlier rung than the first run
         # did, and Optuna would then learn that rung's figure. The row stands as it landed either way.
-        reports = [{"epoch": i, "epochs_run": i, VAL_METRIC: float(v), "val_metrics_by_epoch": values[:i],
-                    "status": "ok"} for i, v in enumerate(values, 1)]
-        if row.status == "diverged":
-            reports[-1]["status"] = "diverged"
+        reports = [{"epoch": i, "epochs_run": i, VAL_METRIC: float(v), "val_metrics_by_epoch": values[:i]}
+                   for i, v in enumerate(values, 1)]
         trial = {"trial_id": row.trial_id, "finetune": {"layer_lr_multipliers": [float(m) for m in multipliers]}}
         landed[replay_key(trial)] = reports
     return landed

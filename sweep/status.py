@@ -18,7 +18,9 @@ import shlex
 import pandas as pd
 import pyarrow.fs
 
+from sweep.lock import LOCK, read_lock
 from sweep.store import filesystem, join, location, rows_dir, sweep_dir
+from trialrows.read import quarantine_file
 
 PLANS = "plans"
 NOT_RUN = "not yet run"
@@ -53,7 +55,13 @@ def read_plans(sweep: str) -> list[dict]:
     for info in found:
         if info.is_file and info.base_name.endswith(".json"):
             with fs.open_input_stream(info.path) as handle:
-                plans.append(json.loads(handle.read()))
+                text = handle.read()
+            try:
+                plan = json.loads(text)
+                plans.append({"written_at": plan["written_at"], "trials": plan["trials"], "command": plan["command"],
+                              "rerun_skips": plan["rerun_skips"]})
+            except (ValueError, KeyError, TypeError) as err:  # cut short or not a plan: set aside, one line
+                quarantine_file(fs, info.path, f"{type(err).__name__}: {err}")
     return sorted(plans, key=lambda plan: plan["written_at"])
 
 
@@ -138,7 +146,24 @@ def status(storage: str, name: str) -> str:
         cell_counts(trials).to_string(index=False),
         rerun_line(plans, trials),
     ]
+    unchecked = unfingerprinted(stored)
+    if unchecked:
+        lines.append(f"{unchecked} rows predate fingerprints: the data and weights they read were not recorded, so a "
+                     "change to them since is not detected for those trials")
+    holder = read_lock(fs, f"{path}/{LOCK}")
+    if holder is not None:
+        lines.append(f"being written now by `{holder.get('command')}` on {holder.get('host')} (pid {holder.get('pid')}, "
+                     f"since {holder.get('started_at')})")
     return "\n".join(lines)
+
+
+def unfingerprinted(stored: pd.DataFrame) -> int:
+    """How many rows were written before fingerprints existed (neither fingerprint recorded)."""
+    if stored.empty:
+        return 0
+    missing = [stored[c].isna() if c in stored.columns else pd.Series(True, index=stored.index)
+               for c in ("data_fingerprint", "model_fingerprint")]
+    return int((missing[0] & missing[1]).sum())
 
 
 def is_dir(where) -> bool:

@@ -2,8 +2,9 @@
 `COMPACT_AT` such files are compacted into one part file, so a store of 50,000 trials is a few dozen files.
 
 A file appears whole or not at all, so a crash, a second sweep writing into the same folder, or an analysis
-reading mid-sweep never meets half a file; and since the name is the trial_id, a trial that is run again
-replaces its row instead of adding a second one. On a local or network file system a file is written aside
+reading mid-sweep never meets half a file. A final row (`ok`, `diverged`, `pruned`) is never replaced: a
+later row of the same trial_id is dropped (`write_row` returns None), so no resume, retry or second writer
+can overwrite a finished result; only an `error` row is replaced, by the trial's next attempt. On a local or network file system a file is written aside
 under a hidden name, then renamed; on an object store (s3://, gs://) one upload is already all-or-nothing,
 so it goes straight to its key. Every file has the declared row schema (`trialrows.schema`).
 
@@ -29,6 +30,7 @@ import pyarrow as pa
 import pyarrow.fs
 import pyarrow.parquet as pq
 
+from trainables.rows import FINAL
 from trialrows.read import FINISHED, read_files, read_results
 from trialrows.schema import rows_table
 
@@ -72,29 +74,65 @@ def filesystem(where: Path | str) -> tuple[pyarrow.fs.FileSystem, str]:
     return pyarrow.fs.FileSystem.from_uri(where)
 
 
-def write_row(folder: Path | str, row: dict) -> Path | str:
-    """Land one trial's row as `<trial_id>.parquet`, then compact if `COMPACT_AT` such files wait."""
-    where = put_file(folder, f"{row['trial_id']}.parquet", rows_table([row]))
+def write_row(folder: Path | str, row: dict) -> Path | str | None:
+    """Land one trial's row as `<trial_id>.parquet`, then compact if `COMPACT_AT` such files wait. Returns
+    where it landed, or None when the folder already holds a final row of that trial (which stands)."""
     fs, path = filesystem(folder)
+    name = f"{row['trial_id']}.parquet"
+    held = held_status(fs, f"{path}/{name}")
+    if held in FINAL:
+        return None
+    where = put_file(folder, name, rows_table([row]), replace=held is not None)
+    if where is None:  # another writer landed this trial between the look and the write: its row stands
+        return None
     if len(_listing(fs, path)[0]) >= COMPACT_AT:
         compact(folder)
     return where
 
 
-def put_file(folder: Path | str, name: str, table: pa.Table) -> Path | str:
-    """Write `table` to `folder`/`name` so that it appears whole or not at all (replacing a file there)."""
+def held_status(fs, path: str) -> str | None:
+    """The status of the row in the file at `path`; None when there is no file, "error" when it cannot be
+    read (a damaged file is no final row)."""
+    if fs.get_file_info(path).type != pyarrow.fs.FileType.File:
+        return None
+    try:
+        status = pq.read_table(path, columns=["status"], filesystem=fs)["status"].to_pylist()
+    except (OSError, pa.ArrowException):
+        return "error"
+    return status[0] if status and status[0] in FINAL else "error"
+
+
+def put_file(folder: Path | str, name: str, table: pa.Table, replace: bool = True) -> Path | str | None:
+    """Write `table` to `folder`/`name` so that it appears whole or not at all. A file already there is
+    replaced only if `replace`; otherwise the write is dropped and None returned (on a local file system
+    atomically; an object store has no create-if-absent, so there it is a look before the upload)."""
     fs, path = filesystem(folder)
+    target = f"{path}/{name}"
     if fs.type_name in OBJECT_STORES:
-        pq.write_table(table, f"{path}/{name}", filesystem=fs)
+        if not replace and fs.get_file_info(target).type == pyarrow.fs.FileType.File:
+            return None
+        pq.write_table(table, target, filesystem=fs)
         return join(folder, name)
     fs.create_dir(path)
     # Dot-prefixed: pyarrow and pandas dataset readers (and read_results) skip it until the move shows it.
     partial = f"{path}/.{name}.{uuid.uuid4().hex}.tmp"
     pq.write_table(table, partial, filesystem=fs)
     if isinstance(fs, pyarrow.fs.LocalFileSystem):
-        os.replace(partial, f"{path}/{name}")  # atomic, and replaces a file written before
+        try:
+            if replace:
+                os.replace(partial, target)  # atomic, and replaces a file written before
+            else:
+                os.link(partial, target)  # atomic, and fails if a file is there
+        except FileExistsError:
+            return None
+        finally:
+            if not replace and os.path.exists(partial):
+                os.unlink(partial)
+    elif not replace and fs.get_file_info(target).type == pyarrow.fs.FileType.File:
+        fs.delete_file(partial)
+        return None
     else:
-        fs.move(partial, f"{path}/{name}")
+        fs.move(partial, target)
     return join(Path(path) if isinstance(fs, pyarrow.fs.LocalFileSystem) else folder, name)
 
 
@@ -140,12 +178,13 @@ def _merge(folder, fs, files: list, level: int) -> int:
     return len(files)
 
 
-def finished_trial_ids(folder: Path | str) -> set[str]:
+def finished_trial_ids(folder: Path | str, statuses=FINISHED) -> set[str]:
+    """Every trial with a row of one of `statuses` under `folder` (default: done, so a rerun skips it)."""
     fs, path = filesystem(folder)
     if fs.get_file_info(path).type != pyarrow.fs.FileType.Directory:
         return set()
     table = read_results(folder, columns=["trial_id", "status"])
-    return set(table.loc[table["status"].isin(FINISHED), "trial_id"])
+    return set(table.loc[table["status"].isin(statuses), "trial_id"])
 
 
 def stored_trial_ids(folder: Path | str) -> set[str]:

@@ -7,6 +7,7 @@ import json
 import dataclasses
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import optuna
@@ -111,12 +112,13 @@ def search_argv(model, storage, name, *extra):
             "--lr", str(LR), "--seed", str(SEED), "--cpus-per-trial", "2", "--storage", str(storage), "--name", name, *extra]
 
 
-def searched_study(path) -> optuna.Study:
-    """The Optuna study as Tune saved it with the experiment (OptunaSearch's own state)."""
+def searched_study(cell_folder) -> optuna.Study:
+    """The Optuna study of a cell's newest run, as Tune saved it with that experiment (OptunaSearch's own
+    state; read here only to check what the study learned, never by a rerun)."""
     from ray.tune.search.optuna import OptunaSearch
 
     searcher = OptunaSearch()
-    searcher.restore_from_dir(str(path))
+    searcher.restore_from_dir(str(sorted(Path(cell_folder).glob("tune-*"))[-1]))
     return searcher._ot_study
 
 
@@ -194,31 +196,38 @@ def test_killed_search_then_rerun_continues_the_study(tiny_bert, tmp_path):
 
     rerun = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
-    assert "Restoring the run" in rerun.stdout + rerun.stderr, "the rerun restores the Tune experiment"
+    assert "Restoring the run" not in rerun.stdout + rerun.stderr, "Tune's pickled state is never restored"
+    assert rerun.stdout.count("had landed in an earlier run") == len(before), "each landed trial replays, once"
     table = read_results(tmp_path / "kill")
     assert len(table) == budget and table["trial_id"].is_unique
-    assert sorted(table["sample"]) == list(range(budget)), "Optuna's numbering went on, no second study"
+    assert sorted(table["sample"]) == list(range(budget)), "the numbering went on, no second study"
     again = [name for name, mtime in before.items() if (rows / name).stat().st_mtime_ns != mtime]
-    # A trial that landed after the study's last snapshot runs again, but replays its row (see the test below).
     assert again == [], f"finished trials ran again: {again}"
     (cell,) = set(table["cell"])
-    assert len(searched_study(tmp_path / "kill" / "searches" / cell).trials) == budget
+    study = searched_study(tmp_path / "kill" / "searches" / cell)
+    assert len(study.trials) == budget, "the rebuilt study learned every landed trial and ran the rest"
+    landed = table.set_index("trial_id").loc[[Path(name).stem for name in before]]
+    learned = {tuple(sorted(t.params.values())): t.value for t in study.trials}
+    for row in landed.itertuples():  # the study was told each landed trial's own held-out figure
+        assert learned[tuple(sorted(map(float, row.multipliers)))] == pytest.approx(row.val_objective)
 
 
 def test_a_landed_trial_that_a_restored_study_runs_again_is_replayed_not_trained(ray_local, tiny_bert, tmp_path,
                                                                                 capsys):
     from ray import tune
 
-    from sweep.runner import land_row, make_tuner
+    from sweep.runner import make_tuner
     from sweep.search import SearchRowWriter, landed_reports
+    from sweep.store import write_row
+    from trainables.rows import make_row
     from trainables.tune_trainable import finetune_trainable, replay_key
 
     settings = GridSettings(model=tiny_bert, tasks=("synthetic",), sizes=(40,), trials=((0, 1),), k=(2,), epochs=3)
     (spec,) = lr_multipliers(settings, 4)
     folder = tmp_path / "rows"
     landed_config = trial_config(spec.to_config(), 1, [0.5, 1.0, 2.0, 3.0])
-    land_row(folder, landed_config["row"], {"val_metric": 0.7}, "pruned", None, val_objective=0.7,
-             val_metrics_by_epoch=[0.6, 0.7], epochs_run=2)
+    write_row(folder, make_row(landed_config["row"], {"val_metric": 0.7, "val_metrics_by_epoch": [0.6, 0.7],
+                                                      "epochs_run": 2}, "pruned", val_objective=0.7))
     (row_file,) = folder.glob("*.parquet")
     written = row_file.stat().st_mtime_ns
 
@@ -237,7 +246,7 @@ def test_a_landed_trial_that_a_restored_study_runs_again_is_replayed_not_trained
     assert result.metrics["replayed"] and result.metrics["epoch"] == 2 and result.metrics["val_metric"] == 0.7
     assert list(result.metrics_dataframe["val_metric"]) == [0.6, 0.7], "the scheduler sees every epoch again"
     assert row_file.stat().st_mtime_ns == written and len(list(folder.glob("*.parquet"))) == 1, "its row stands"
-    assert "s1 had landed before the restart" in capsys.readouterr().out
+    assert "s1 had landed in an earlier run" in capsys.readouterr().out
 
 
 def test_search_on_object_storage_lands_rows_and_reruns_nothing(ray_local, tiny_bert, s3_bucket, capsys):
@@ -253,11 +262,9 @@ def test_search_on_object_storage_lands_rows_and_reruns_nothing(ray_local, tiny_
     assert main(argv) == 0 and "0 to run" in capsys.readouterr().out
 
 
-def searched_study_uri(experiment: str) -> int:
-    """How many trials Tune's saved experiment under a storage URI holds (what a rerun would restore)."""
-    from ray import tune
-
-    assert tune.Tuner.can_restore(experiment)
-    fs, path = pyarrow.fs.FileSystem.from_uri(experiment)
-    saved = [f for f in fs.get_file_info(pyarrow.fs.FileSelector(path)) if f.base_name.startswith("experiment_state")]
+def searched_study_uri(cell_folder: str) -> int:
+    """How many trials the Tune experiment of a cell's newest run under a storage URI holds."""
+    fs, path = pyarrow.fs.FileSystem.from_uri(cell_folder)
+    (run,) = [f.path for f in fs.get_file_info(pyarrow.fs.FileSelector(path)) if f.base_name.startswith("tune-")]
+    saved = [f for f in fs.get_file_info(pyarrow.fs.FileSelector(run)) if f.base_name.startswith("experiment_state")]
     return len(json.loads(fs.open_input_stream(saved[-1].path).read())["trial_data"])

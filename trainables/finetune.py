@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from trainables.ablations import Reinit, apply_ablation, reinitialized_layers
 from trainables.cost import cost_fields, non_embedding_params, peak_flops, sequence_flops
 from trainables.data import TokenizedSplit, TokenizedTask, collate, draw_subset, eval_batches, train_batches
-from trainables.metrics import compute_metrics
+from trainables.metrics import chance_figures, compute_metrics
 from trainables.models import Pretrained, build_classifier, layer_stack, pooler
 from trainables.qa import QASplit, build_span_model, evaluate_qa, example_count, example_rows, select_questions
 from trainables.tasks import Task
@@ -234,7 +234,8 @@ def evaluate(model, split, metric_task: Task, batch_size: int, compute: Compute)
     order = np.concatenate(batches)
     predictions = np.empty(len(split), dtype=preds[0].dtype)
     predictions[order] = np.concatenate(preds)
-    return compute_metrics(metric_task, predictions, split.labels)
+    return {**compute_metrics(metric_task, predictions, split.labels),
+            **chance_figures(metric_task, predictions, split.labels)}
 
 
 def make_optimizer(model, cfg: FinetuneConfig, rows: np.ndarray):

@@ -29,7 +29,7 @@ from trainables.cost import cost_fields, non_embedding_params, peak_flops
 from trainables.data import TokenizedSplit, TokenizedTask, draw_subset, eval_batches, train_batches
 from trainables.finetune import (RECIPE_VERSION, Compute, FinetuneConfig, evaluated_at, hold_out, make_optimizer,
                                  pick_device)
-from trainables.metrics import compute_metrics
+from trainables.metrics import chance_figures, compute_metrics
 from trainables.models import Pretrained, build_classifier, embeddings, layer_stack, pooler
 from trainables.tasks import SQUAD_V2
 
@@ -466,7 +466,8 @@ class Pack:
         order, predictions = np.concatenate(batches), np.concatenate(preds, axis=1)
         ordered = np.empty_like(predictions)
         ordered[:, order] = predictions
-        return [compute_metrics(self.data.definition, ordered[p], split.labels) for p in range(P)]
+        return [{**compute_metrics(self.data.definition, ordered[p], split.labels),
+                 **chance_figures(self.data.definition, ordered[p], split.labels)} for p in range(P)]
 
     def weight_distance(self) -> list[list[float]]:
         return pack_weight_distance(self.start, self.weights, self.encoder.num_layers)

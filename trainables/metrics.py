@@ -40,6 +40,21 @@ def compute_metrics(task: Task | str, predictions, labels) -> dict[str, float]:
     return {name: float(METRICS[name](predictions, labels)) for name in names}
 
 
+def chance_figures(task: Task | str, predictions, labels) -> dict[str, float]:
+    """What a model that learned nothing scores, beside what this one did: `chance_metric`, the headline
+    metric of the best constant prediction (the majority class; 0.0 for a correlation, by the convention
+    above), and `constant_prediction`, 1.0 when these predictions are one value for every example (a trial
+    that fell back to it scores exactly a constant's share, which reads like a result unless it is shown)."""
+    task = as_task(task)
+    predictions, labels = check_inputs(task, predictions, labels)
+    score = METRICS[task.metric]
+    if task.is_regression:
+        best = score(np.zeros_like(labels), labels)
+    else:
+        best = max(score(np.full_like(labels, c), labels) for c in range(task.num_labels))
+    return {"chance_metric": float(best), "constant_prediction": float(np.all(predictions == predictions[0]))}
+
+
 def as_task(task: Task | str) -> Task:
     return task if isinstance(task, Task) else get_task(task)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 import os
 from pathlib import Path
 
@@ -139,6 +140,17 @@ def load_pretrained(name: str) -> Pretrained:
     # A pooler the checkpoint lacks stays out: the classifier draws it fresh, and [CLS] probes are refused.
     state = {k: v.detach().clone() for k, v in base.state_dict().items() if k not in info["missing_keys"]}
     return Pretrained(name=name, path=path, config=base.config, state_dict=state)
+
+
+def weights_fingerprint(pretrained: Pretrained) -> str:
+    """A hash of the pretrained weights every trial starts from (names, dtypes, shapes and bytes of the
+    state dict): a checkpoint whose weights changed, under the same name or folder, gives another."""
+    digest = hashlib.blake2b(digest_size=8)
+    for name in sorted(pretrained.state_dict):
+        tensor = pretrained.state_dict[name].detach().contiguous().cpu()
+        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)};".encode())
+        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    return digest.hexdigest()
 
 
 def load_config(name: str):

@@ -47,8 +47,9 @@ from torch import nn
 from trainables.cost import cost_fields, non_embedding_params, peak_flops, sequence_flops
 from trainables.data import TokenizedSplit, TokenizedTask, collate, draw_subset, train_batches
 from trainables.finetune import pick_device
-from trainables.metrics import compute_metrics
+from trainables.metrics import chance_figures, compute_metrics
 from trainables.models import Pretrained, build_classifier, pooler
+from trainables.rows import make_row, where_it_runs, with_ended
 
 PROBES = ("mean-pool", "cls-pooler", "truncated")
 # Which cached feature each probe reads: the two [CLS] probes differ in their head, not their input.
@@ -284,7 +285,8 @@ def probe_subset(
         _, val_predictions = predict(head, x[val].to(device))
         _, dev_predictions = predict(head, dev_x.to(device))
         val_metrics = compute_metrics(data.definition, val_predictions, data.train.labels[rows][val])
-        metrics = compute_metrics(data.definition, dev_predictions, data.validation.labels)
+        metrics = {**compute_metrics(data.definition, dev_predictions, data.validation.labels),
+                   **chance_figures(data.definition, dev_predictions, data.validation.labels)}
         eval_seconds = time.perf_counter() - tick
 
         n_head = sum(p.numel() for p in head.parameters())
@@ -325,13 +327,19 @@ def probe_subset(
 
 
 def probing_trainable(config: dict, data: dict, pretrained: dict) -> None:
-    """The Ray Tune function trainable: one trial per training subset, one report per (probe, layer),
-    each carrying `row_id`, the trial_id of that probe's row."""
+    """The Ray Tune function trainable: one trial per training subset, one report per (probe, layer), each
+    carrying that probe's row (trainables.rows) and `row_id`, its trial_id."""
     from ray import tune
 
     group = config["trial"]
     resources = tune.get_context().get_trial_resources().required_resources
     cfg = ProbeConfig(**group["probe"], gpu_fraction=resources.get("GPU", 0.0), threads=int(resources.get("CPU", 1)))
-    ids = {(p["probe"], p["layer"]): p["trial_id"] for p in group["probes"]}
-    probe_subset(cfg, data[group["data_key"]], pretrained[group["model_key"]], list(ids),
-                 report=lambda result: tune.report({**result, "row_id": ids[(result["probe"], result["layer"])]}))
+    entries = {(p["probe"], p["layer"]): p for p in group["probes"]}
+    where = where_it_runs()
+
+    def report(result: dict) -> None:
+        entry = entries[(result["probe"], result["layer"])]
+        figures = {**{k: v for k, v in result.items() if k != "status"}, **where, "row_id": entry["trial_id"]}
+        tune.report(with_ended(figures, [make_row(entry["row"], figures, result["status"])]))
+
+    probe_subset(cfg, data[group["data_key"]], pretrained[group["model_key"]], list(entries), report=report)

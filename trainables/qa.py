@@ -288,7 +288,11 @@ def evaluate_qa(model, split: QASplit, batch_size: int, compute) -> dict[str, fl
             out = model(**batch).logits.float().cpu().numpy()
             for j, row in enumerate(rows):
                 logits[row] = out[j, : split.lengths[row]]
-    return squad_metrics(best_answers(split, logits), split.answers)
+    answers = best_answers(split, logits)
+    # Chance, as for classes (trainables.metrics.chance_figures): the score of answering no question at all.
+    return {**squad_metrics(answers, split.answers), "chance_metric": squad_metrics([""] * len(answers),
+                                                                                   split.answers)["f1"],
+            "constant_prediction": float(not any(answers))}
 
 
 def best_answers(split: QASplit, logits: list[np.ndarray]) -> list[str]:

@@ -75,6 +75,15 @@ class TaskData:
     source: str  # "hub", "local:<absolute data_dir>" or "synthetic"
 
 
+def data_fingerprint(task_data: TaskData) -> str:
+    """A hash of what a task's trials read: its train and validation splits' content (whichever source they
+    came from: files, the hub, the built-in generator). Another revision of a hub dataset, an edited file or
+    a different folder of the same content give other, or the same, fingerprints accordingly."""
+    from datasets.fingerprint import Hasher
+
+    return Hasher.hash([task_data.train.data.table, task_data.validation.data.table])[:16]
+
+
 def load_task(name: str, data_dir: str | None = None, *, synthetic_seed: int = 0,
               sources: Mapping[str, "TaskSource"] | None = None) -> TaskData:
     """A task's train and validation splits: the user's task if `sources` defines `name`, else the synthetic

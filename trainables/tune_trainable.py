@@ -19,6 +19,7 @@ import torch
 
 from trainables.ablations import ablation_from_dict
 from trainables.finetune import FinetuneConfig, finetune
+from trainables.rows import make_row, where_it_runs, with_ended
 
 STATE_FILE = "training_state.pt"
 # Test-only fault injection: a trial on its first attempt dies (as a preempted machine would) right after
@@ -98,25 +99,72 @@ def dying_after(epoch: int, report):
 
 def replay_key(trial: dict) -> tuple:
     """What identifies a trial's result for `finetune_trainable(landed=...)`: its id and its per-layer
-    learning-rate multipliers (a study restored from an older snapshot may give the same number to another
-    point of the space)."""
+    learning-rate multipliers (a study rebuilt from the rows gives each landed trial back its own point)."""
     return trial["trial_id"], tuple(trial["finetune"].get("layer_lr_multipliers") or ())
 
 
+def earlier_checkpoint(tune_dir: str, trial_id: str):
+    """The newest checkpoint an earlier run of the sweep left for `trial_id` (`<tune_dir>/tune-*/<trial_id>/
+    checkpoint_*`), as a tune.Checkpoint; None when there is none. This is how `--resume` goes on: from the
+    store's own checkpoints, found by the trial's id, never from Tune's pickled experiment state."""
+    import pyarrow.fs
+    from ray import tune
+
+    if "://" in tune_dir:
+        fs, root = pyarrow.fs.FileSystem.from_uri(tune_dir)
+        base, _, _ = tune_dir.partition("?")
+    else:
+        fs, root = pyarrow.fs.LocalFileSystem(), os.path.abspath(tune_dir)
+    runs = fs.get_file_info(pyarrow.fs.FileSelector(root, allow_not_found=True))
+    for run in sorted((r for r in runs if r.type == pyarrow.fs.FileType.Directory and r.base_name.startswith("tune-")),
+                      key=lambda r: r.base_name, reverse=True):
+        found = fs.get_file_info(pyarrow.fs.FileSelector(f"{run.path}/{trial_id}", allow_not_found=True))
+        saved = sorted((f for f in found if f.type == pyarrow.fs.FileType.Directory
+                        and f.base_name.startswith("checkpoint_")), key=lambda f: f.base_name)
+        if saved:
+            return tune.Checkpoint(saved[-1].path, filesystem=fs)
+    return None
+
+
+def ended(result: dict, epochs: int) -> bool:
+    """Whether a trial's report is its last: it diverged, or it ran every epoch."""
+    return result["status"] != "ok" or result["epoch"] == epochs
+
+
+def epoch_report(result: dict, where: dict) -> dict:
+    """What Tune hears of an epoch: the figures, where the trial runs, and no status (only a row says how a
+    trial ended)."""
+    return {**{k: v for k, v in result.items() if k != "status"}, **where}
+
+
+def trial_reporter(trial: dict, epochs: int, send):
+    """`finetune`'s `report` for a trial of the sweep: each epoch's figures go to `send` (Tune) with where the
+    trial runs and no status; the last (it ran every epoch, or diverged) also carries the trial's row."""
+    where = where_it_runs()
+
+    def report(result: dict) -> None:
+        out = epoch_report(result, where)
+        if ended(result, epochs):
+            held_out = {"val_objective": result["val_metric"]} if "val_metric" in result else {}
+            out = with_ended(out, [make_row(trial["row"], out, result["status"], pack_size=1, pack_id=None,
+                                            **held_out)])
+        send(out)
+
+    return report
+
+
 def finetune_trainable(config: dict, data: dict, pretrained: dict, checkpoint_every: float | None = None,
-                       run_only: frozenset | None = None, landed: dict | None = None) -> None:
-    """One trial. `run_only`: the trial ids this run may train; any other trial of a resumed Tune experiment
-    (finished since the experiment's last snapshot, or dropped from the grid) ends at once, reporting nothing.
-    `landed`: per `replay_key`, the reports of a trial whose row the sweep already holds but that a resumed
-    search runs again (it ended after the study's last snapshot); they are reported again, marked `replayed`,
-    instead of training, so the searcher and the scheduler learn the figures they would have."""
+                       resume_from: str | None = None, landed: dict | None = None) -> None:
+    """One trial. Its last report carries its row (trainables.rows). `resume_from`: the sweep's Tune folder,
+    where a resumed sweep finds the checkpoints earlier runs left (`earlier_checkpoint`). `landed`: per
+    `replay_key`, the reports of a trial whose row the sweep already holds but that a resumed search runs
+    again; they are reported again, marked `replayed`, instead of training, so the searcher and the scheduler
+    learn the figures they would have."""
     from ray import tune
 
     trial = config["trial"]
     if "pack" in trial:
-        run_pack(trial, data, pretrained, run_only)
-        return
-    if run_only is not None and trial["trial_id"] not in run_only:
+        run_pack(trial, data, pretrained)
         return
     if landed and replay_key(trial) in landed:
         for result in landed[replay_key(trial)]:
@@ -125,48 +173,49 @@ def finetune_trainable(config: dict, data: dict, pretrained: dict, checkpoint_ev
     resources = tune.get_context().get_trial_resources().required_resources
     cfg = finetune_config(trial, gpu_fraction=resources.get("GPU", 0.0), threads=int(resources.get("CPU", 1)))
     intermediate = data[trial["intermediate_data_key"]] if trial.get("intermediate_data_key") else None
-    checkpoint = tune.get_checkpoint()
+    checkpoint = tune.get_checkpoint()  # this run's own, when Tune restarts a failed trial
+    if checkpoint is None and resume_from is not None:
+        checkpoint = earlier_checkpoint(resume_from, trial["trial_id"])
     resume = load_state(checkpoint) if checkpoint is not None else None
     checkpoints = EpochCheckpoints(checkpoint_every, tune.report)
-    report = checkpoints.report
+    report = trial_reporter(trial, cfg.epochs, checkpoints.report)
     fail_after = int(os.environ.get(FAIL_AFTER_EPOCH, "0"))
-    if fail_after and checkpoint is None:
+    if fail_after and tune.get_checkpoint() is None:
         report = dying_after(fail_after, report)
     finetune(cfg, data[trial["data_key"]], pretrained[trial["model_key"]], report=report, intermediate=intermediate,
              save=checkpoints.save if checkpoint_every is not None else None, resume=resume)
 
 
-def run_pack(pack: dict, data: dict, pretrained: dict, run_only: frozenset | None) -> None:
+def run_pack(pack: dict, data: dict, pretrained: dict) -> None:
     """A pack of trials (sweep.packs) as one computation. Each epoch's report holds, under `pack_results` (by
-    trial_id), every
-    member's latest figures (a diverged member's stay as they were when it stopped); the sweep writes one row
-    per member from the last. Packs keep no checkpoint: a restarted pack trains its members from the start."""
+    trial_id), every member's latest figures (a diverged member's stay as they were when it stopped), and
+    the rows of the members that ended with it. Packs keep no checkpoint: a restarted pack trains its members
+    from the start."""
     from ray import tune
 
     from trainables.fused import finetune_pack
 
-    members = [m for m in pack["pack"] if run_only is None or m["trial_id"] in run_only]
-    if not members:
-        return
+    members = pack["pack"]
     resources = tune.get_context().get_trial_resources().required_resources
     cfgs = [finetune_config(m, gpu_fraction=resources.get("GPU", 0.0), threads=int(resources.get("CPU", 1)))
             for m in members]
     latest = [{} for _ in members]
+    where = where_it_runs()
 
     def report(epoch_results: dict[int, dict]) -> None:
+        rows = []
         for i, result in epoch_results.items():
-            latest[i] = {**result, "trial_id": members[i]["trial_id"]}
+            latest[i] = {**epoch_report(result, where), "trial_id": members[i]["trial_id"]}
+            if ended(result, cfgs[i].epochs):
+                rows.append(make_row(members[i]["row"], latest[i], result["status"]))
         epoch = max(r["epoch"] for r in epoch_results.values())
-        statuses = [r.get("status") for r in latest]
         # Keyed by trial_id, not a list: Tune's TensorBoard logger flattens a dict (each member's curves under
         # pack_results/<trial_id>/) but warns on a list of dicts.
-        summary = {"status": "ok", "epoch": epoch, "pack_size": len(members),
-                   "pack_results": {m["trial_id"]: r for m, r in zip(members, latest) if r},
-                   "trials_ok": statuses.count("ok"), "trials_diverged": statuses.count("diverged")}
+        summary = {"epoch": epoch, "pack_size": len(members),
+                   "pack_results": {m["trial_id"]: r for m, r in zip(members, latest) if r}}
         if len(members) == 1:  # reported as the trial alone would be, so TensorBoard shows its curves the same
-            own = {k: v for k, v in latest[0].items() if k != "trial_id"}
-            summary = {**own, **summary, "status": own.get("status", "ok")}
-        tune.report(summary)
+            summary = {**{k: v for k, v in latest[0].items() if k != "trial_id"}, **summary}
+        tune.report(with_ended(summary, rows))
 
     finetune_pack(cfgs, data[pack["data_key"]], pretrained[pack["model_key"]], report=report,
                   pack_id=pack["trial_id"])

@@ -4,9 +4,16 @@ The store is read once, through `pyarrow.dataset` (files read in parallel; local
 gs://), with the declared row schema (`trialrows.schema`) widened by any column a file adds, so files of any
 age and kind read together. `read_results` returns one row per trial (analysis.load prepares them for its
 tables and figures).
+
+A file that cannot be read as rows (cut short, overwritten, a foreign Parquet file whose columns clash with
+the schema) is set aside into a `quarantine/` folder beside its own, with one line on stderr naming it, and
+every other file is read: one damaged file never hides the good rows, and the trials it held simply have no
+row (a rerun trains them again).
 """
 from __future__ import annotations
 
+import os
+import sys
 import time
 from pathlib import Path
 
@@ -15,15 +22,23 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.fs
+import pyarrow.parquet as pq
 
 from trialrows.schema import SCHEMA
 
 FINISHED = ("ok", "diverged")  # a trial with such a row is done: running it again gives the same answer
 
 
+QUARANTINE = "quarantine"  # where unreadable row files are set aside, beside the folder that held them
+
+
 def _visible(name: str) -> bool:
     # Dot- and underscore-prefixed names are rows still being written (or other tools' metadata).
     return name.endswith(".parquet") and not name.startswith((".", "_"))
+
+
+def _set_aside(path: str) -> bool:
+    return QUARANTINE in path.replace("\\", "/").split("/")
 
 
 def row_files(path) -> tuple[pyarrow.fs.FileSystem, list[str]]:
@@ -40,7 +55,7 @@ def row_files(path) -> tuple[pyarrow.fs.FileSystem, list[str]]:
     if info.type != pyarrow.fs.FileType.Directory:
         raise FileNotFoundError(f"results path '{path}' does not exist")
     found = fs.get_file_info(pyarrow.fs.FileSelector(root, recursive=True))
-    return fs, sorted(f.path for f in found if f.is_file and _visible(f.base_name))
+    return fs, sorted(f.path for f in found if f.is_file and _visible(f.base_name) and not _set_aside(f.path))
 
 
 def result_files(path) -> list[str]:
@@ -61,7 +76,22 @@ def read_table(path, columns: list[str] | None = None, attempts: int = 10) -> pa
 
 
 def read_files(fs: pyarrow.fs.FileSystem, files: list[str], columns: list[str] | None = None) -> pa.Table:
-    """The rows of these files as one table: the declared schema, then any column a file adds."""
+    """The rows of these files as one table: the declared schema, then any column a file adds. A file that
+    cannot be read as rows is set aside (`quarantine`) and the others are read."""
+    try:
+        return _read_files(fs, files, columns)
+    except FileNotFoundError:
+        raise  # a file a compaction merged and deleted meanwhile: the caller lists again
+    except (pa.ArrowException, OSError):
+        damaged = [f for f in files if _unreadable(fs, f)]
+        if not damaged:
+            raise
+        for path in damaged:
+            quarantine(fs, path)
+        return _read_files(fs, [f for f in files if f not in damaged], columns)
+
+
+def _read_files(fs: pyarrow.fs.FileSystem, files: list[str], columns: list[str] | None = None) -> pa.Table:
     if not files:
         schema = SCHEMA if columns is None else pa.schema([f for f in SCHEMA if f.name in columns])
         return schema.empty_table()
@@ -73,6 +103,42 @@ def read_files(fs: pyarrow.fs.FileSystem, files: list[str], columns: list[str] |
     if columns is not None:
         columns = [c for c in columns if c in schema.names]
     return dataset.to_table(columns=columns)
+
+
+def _unreadable(fs: pyarrow.fs.FileSystem, path: str) -> str | None:
+    """Why the file at `path` cannot be read as rows with the declared schema (None: it can): not Parquet,
+    cut short, or columns of types that clash with the declared ones (a foreign file)."""
+    try:
+        pa.unify_schemas([SCHEMA, pq.read_schema(path, filesystem=fs)], promote_options="permissive")
+        _read_files(fs, [path])
+    except FileNotFoundError:
+        return None  # gone, not damaged
+    except (pa.ArrowException, OSError) as err:
+        return f"{type(err).__name__}: {err}"
+    return None
+
+
+def quarantine(fs: pyarrow.fs.FileSystem, path: str) -> str:
+    """Set a damaged row file aside (`quarantine_file`)."""
+    return quarantine_file(fs, path, _unreadable(fs, path) or "unreadable", "rows")
+
+
+def quarantine_file(fs: pyarrow.fs.FileSystem, path: str, why: str, what: str = "a plan") -> str:
+    """Move a damaged file into `quarantine/` beside its folder, saying so in one line; returns where it went
+    (its own path when it could not be moved: it is left out of every read all the same)."""
+    folder, name = os.path.split(path)
+    target = f"{os.path.dirname(folder)}/{QUARANTINE}/{os.path.basename(folder)}-{name}"
+    try:
+        fs.create_dir(os.path.dirname(target))
+        fs.move(path, target)
+    except OSError as err:
+        print(f"cannot read {path} as {what} ({why.splitlines()[0]}); left out of this read (moving it aside failed: "
+              f"{err})", file=sys.stderr, flush=True)
+        return path
+    after = "Its trials have no row: a rerun trains them again" if what == "rows" else "It is left out"
+    print(f"set aside {path}: it cannot be read as {what} ({why.splitlines()[0]}); now {target}. {after}",
+          file=sys.stderr, flush=True)
+    return target
 
 
 def read_results(path, columns: list[str] | None = None) -> pd.DataFrame:
@@ -88,14 +154,19 @@ def read_results(path, columns: list[str] | None = None) -> pd.DataFrame:
 
 def unique_trials(rows: pd.DataFrame) -> pd.DataFrame:
     """One row per trial_id (the same trial copied into two folders or part files, or run again after it
-    failed): a row that is not an error if it has one, else its latest by `finished_at` (compared as
-    timestamps)."""
+    failed): its first finished row if it has one (a finished row is final: a later one of the same trial
+    is a stale copy, never a correction), else its latest error, by `finished_at` (compared as timestamps)."""
     if "trial_id" not in rows.columns or rows["trial_id"].is_unique:
         return rows.reset_index(drop=True)
     status = rows["status"] if "status" in rows.columns else pd.Series("error", index=rows.index)
+    finished = status.notna() & status.ne("error")
     when = finished_times(rows)
-    order = rows.assign(_finished=status.notna() & status.ne("error"), _when=when)
-    order = order.sort_values(["_finished", "_when"], kind="stable", na_position="first")
+    nanoseconds = pd.Series(when.to_numpy(dtype="datetime64[ns]").astype("int64"), index=rows.index, dtype=float)
+    nanoseconds[when.isna()] = np.nan
+    # Sorted so that the row to keep comes last: errors before finished rows, errors oldest first and finished
+    # rows newest first (an undated row is the least preferred of its kind).
+    order = rows.assign(_finished=finished, _key=nanoseconds.where(~finished, -nanoseconds))
+    order = order.sort_values(["_finished", "_key"], kind="stable", na_position="first")
     keep = order.drop_duplicates("trial_id", keep="last").index.sort_values()
     return rows.loc[keep].reset_index(drop=True)
 

@@ -66,6 +66,11 @@ COLUMNS: tuple[tuple[str, pa.DataType, str], ...] = (
     ("multipliers", _FLOATS, SETTING),
     ("text_columns", _STRS, SETTING),  # a --task-file's definition: known when planned, part of the identity
     ("label_column", _STR, SETTING),
+    # Hashes of the data and the weights the trial read: rows of changed data or weights are other conditions.
+    # Null in rows written before fingerprints existed (trialrows.summaries.groupable pools those with the
+    # one fingerprint their task or model has, if it has only one).
+    ("data_fingerprint", _STR, SETTING),
+    ("model_fingerprint", _STR, SETTING),
     # Which repeat of the condition.
     ("trial_index", _INT, REPLICATE),
     ("subset_seed", _INT, REPLICATE),
@@ -75,6 +80,7 @@ COLUMNS: tuple[tuple[str, pa.DataType, str], ...] = (
     ("cell", _STR, REPLICATE),
     ("sample", _INT, REPLICATE),
     ("search_seed", _INT, REPLICATE),
+    ("settings_id", _STR, REPLICATE),  # the trial id without fingerprints: the same trial on other data shares it
     # What it measured.
     ("status", _STR, RESULT),
     ("error", _STR, RESULT),
@@ -93,6 +99,10 @@ COLUMNS: tuple[tuple[str, pa.DataType, str], ...] = (
     ("dev_has_ans_f1", _FLOAT, RESULT),
     ("dev_no_ans_exact", _FLOAT, RESULT),
     ("dev_no_ans_f1", _FLOAT, RESULT),
+    # What a model that learned nothing scores (trainables.metrics.chance_figures): the best constant
+    # prediction's headline metric, and 1.0 where this trial's dev predictions were one constant.
+    ("dev_chance_metric", _FLOAT, RESULT),
+    ("dev_constant_prediction", _FLOAT, RESULT),
     ("train_loss", _FLOAT, RESULT),
     ("lr_last", _FLOAT, RESULT),
     ("clipped_steps", _INT, RESULT),
@@ -133,7 +143,8 @@ COLUMNS: tuple[tuple[str, pa.DataType, str], ...] = (
     ("peak_flops_source", _STR, RESULT),
     ("device", _STR, RESULT),
     ("torch_threads", _INT, RESULT),
-    ("host", _STR, RESULT),
+    ("host", _STR, RESULT),  # the node the trial trained on (recorded by the trainable, not the driver)
+    ("node_id", _STR, RESULT),  # Ray's id of that node
     ("torch_version", _STR, RESULT),
     ("transformers_version", _STR, RESULT),
     ("ray_version", _STR, RESULT),

@@ -23,6 +23,9 @@ LEADING_COLUMNS = ["experiment", "task", "model", "train_size"]
 DERIVED = ("reinit_layers", "permutation", "multipliers", "label_names", "text_columns", "label_column",
            "data_source", "model_type")
 
+# What `summarize` gives each condition, after the columns that name it.
+STATISTICS = ["n", "excluded", "diverged", "failed", "mean", "std", "ci95_low", "ci95_high", "mean_minus_2std",
+              "mean_plus_2std", "note", "chance", "at_chance"]
 ONE_TRIAL = "one trial: no interval"
 NO_TRIAL = "no finished trial"
 
@@ -66,8 +69,7 @@ def summarize(rows: pd.DataFrame, by: list[str], value: str = "dev_metric", conf
     rows = groupable(rows)
     by = [c for c in by if c in rows.columns]
     by += split_settings(rows, by, (*pooled, value))
-    columns = [*by, "n", "excluded", "diverged", "failed", "mean", "std", "ci95_low", "ci95_high",
-               "mean_minus_2std", "mean_plus_2std", "note"]
+    columns = [*by, *STATISTICS]
     if rows.empty or value not in rows.columns:
         return pd.DataFrame(columns=columns)
     values = pd.to_numeric(rows[value], errors="coerce")
@@ -86,7 +88,27 @@ def summarize(rows: pd.DataFrame, by: list[str], value: str = "dev_metric", conf
     table["failed"] = table["excluded"] - table["diverged"]
     table["note"] = np.where(n > 1, "", np.where(n == 1, ONE_TRIAL, NO_TRIAL))
     table = table.astype({"n": int, "excluded": int, "diverged": int, "failed": int})
+    chance = chance_columns(rows, by, usable if value == "dev_metric" else None)
+    table = table.merge(chance, on=by, how="left") if by else pd.concat([table, chance], axis=1)
     return _sorted(table[columns], by)
+
+
+def chance_columns(rows: pd.DataFrame, by: list[str], usable: pd.Series | None) -> pd.DataFrame:
+    """Per condition, `chance`: the dev score of the best constant prediction (the majority class), where a
+    model that learned nothing lands; `at_chance`: how many of its finished trials predicted one constant
+    for every dev example (their score is a constant's share, not something learned). Rows that do not
+    record it (older ones; a value other than the dev metric: `usable` None) give nan and 0."""
+    def column(name):
+        return pd.to_numeric(rows[name], errors="coerce") if name in rows.columns and usable is not None \
+            else pd.Series(np.nan, index=rows.index)
+
+    frame = rows[by].assign(_chance=column("dev_chance_metric"),
+                            _at=(usable if usable is not None else False) & column("dev_constant_prediction").eq(1))
+    groups = frame.groupby(by, dropna=False, sort=False) if by else frame.groupby(np.zeros(len(frame)))
+    table = groups.agg(chance=("_chance", "median"), at_chance=("_at", "sum"))
+    table = table.reset_index() if by else table.reset_index(drop=True)
+    table["at_chance"] = table["at_chance"].astype(float).where(table["chance"].notna())  # unknown, not 0
+    return table
 
 
 def _sorted(table: pd.DataFrame, by: list[str]) -> pd.DataFrame:
@@ -103,7 +125,9 @@ def _missing(value) -> bool:
 
 def groupable(rows: pd.DataFrame) -> pd.DataFrame:
     """`rows` with list cells of setting columns as tuples, so they group (rows straight from Parquet, not
-    through results.prepare, hold numpy arrays there)."""
+    through results.prepare, hold numpy arrays there), and fingerprints unknown to old rows assumed
+    (`assume_fingerprints`)."""
+    rows = assume_fingerprints(rows)
     lists = [c for c in settings(rows.columns) if rows[c].dtype == object
              and rows[c].map(lambda v: isinstance(v, (list, np.ndarray))).any()]
     if not lists:
@@ -111,6 +135,27 @@ def groupable(rows: pd.DataFrame) -> pd.DataFrame:
     rows = rows.copy()
     for column in lists:
         rows[column] = rows[column].map(lambda v: tuple(np.asarray(v).tolist()) if isinstance(v, (list, np.ndarray)) else v)
+    return rows
+
+
+# A fingerprint column, and the columns whose rows read the same data or weights.
+FINGERPRINT_OF = {"data_fingerprint": ("task", "intermediate_task", "data_source"), "model_fingerprint": ("model",)}
+
+
+def assume_fingerprints(rows: pd.DataFrame) -> pd.DataFrame:
+    """Rows written before fingerprints existed (null there) pooled with their task's (or model's) rows when
+    those have one fingerprint only: the same data, as far as anything can tell. Where the data changed
+    (two fingerprints), old rows stay a condition of their own rather than being mixed into either."""
+    present = [c for c in FINGERPRINT_OF if c in rows.columns and rows[c].isna().any() and rows[c].notna().any()]
+    if not present:
+        return rows
+    rows = rows.copy()
+    for column in present:
+        keys = [c for c in FINGERPRINT_OF[column] if c in rows.columns]
+        filled = rows[keys].astype(object).where(rows[keys].notna(), "-")
+        distinct = rows.groupby([filled[c] for c in keys], dropna=False)[column].transform(
+            lambda values: values.dropna().iloc[0] if values.dropna().nunique() == 1 else None)
+        rows[column] = rows[column].where(rows[column].notna(), distinct)
     return rows
 
 

@@ -1,0 +1,162 @@
+"""One writer at a time per sweep: `<storage>/<name>/LOCK` names the sweep command writing the sweep's rows.
+
+A second command for the same sweep (the same --storage and --name, from this machine or another) says who
+holds it and waits until it is done, then plans from the rows it finds: it runs only what is still missing,
+and no trial trains twice. The holder rewrites the file every `HEARTBEAT` seconds; a lock whose holder is
+gone (a dead process on this host, or no heartbeat for `STALE` seconds from another) is taken over, with one
+line saying so, so a killed driver never blocks its own `--resume`.
+
+On a local or network file system the lock file is created exclusively (atomic); an object store has no
+create-if-absent, so there a writer uploads its claim and reads it back before going on (two claims in the
+same second can still both win; the store refuses a second row of a finished trial all the same).
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+import platform
+import threading
+import time
+import uuid
+
+import pyarrow.fs
+
+from sweep.store import OBJECT_STORES, filesystem
+
+LOCK = "LOCK"
+HEARTBEAT = 20.0  # seconds between two rewrites of the lock by its holder
+STALE = 120.0  # seconds without a heartbeat after which a holder on another host counts as gone
+
+
+@contextlib.contextmanager
+def sweep_lock(sweep: str, command: str, poll: float = 2.0, clock=time.time):
+    """Hold the sweep's lock for the body of the `with`, waiting (and saying so) while another command holds it."""
+    fs, folder = filesystem(sweep)
+    path = f"{folder}/{LOCK}"
+    claim = {"host": platform.node(), "pid": os.getpid(), "command": command, "token": uuid.uuid4().hex,
+             "started_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    announced = False
+    while not _claim(fs, folder, path, {**claim, "heartbeat": clock()}):
+        holder = read_lock(fs, path)
+        if holder is None:
+            continue  # released (or unreadable and removed) in between: try again at once
+        gone = why_gone(holder, clock())
+        if gone:
+            print(f"taking over the sweep's lock {path} from `{holder.get('command')}` on {holder.get('host')} "
+                  f"(pid {holder.get('pid')}): {gone}", flush=True)
+            _delete(fs, path)
+            continue
+        if not announced:
+            print(f"waiting: `{holder.get('command')}` on {holder.get('host')} (pid {holder.get('pid')}, since "
+                  f"{holder.get('started_at')}) is writing this sweep ({path}); this command plans and runs what is "
+                  "left once it ends (Ctrl-C to stop waiting)", flush=True)
+            announced = True
+        time.sleep(poll)
+    stop = threading.Event()
+    beat = threading.Thread(target=_heartbeat, args=(fs, path, claim, stop, clock), daemon=True)
+    beat.start()
+    try:
+        yield path
+    finally:
+        stop.set()
+        beat.join()
+        held = read_lock(fs, path)
+        if held is not None and held.get("token") == claim["token"]:
+            _delete(fs, path)
+
+
+def read_lock(fs, path: str) -> dict | None:
+    """The lock's holder; None when there is no lock. A lock that cannot be read counts as held by an unknown
+    writer since the file's last change (so it goes stale like any other)."""
+    try:
+        with fs.open_input_stream(path) as handle:
+            text = handle.read()
+        return json.loads(text)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        info = fs.get_file_info(path)
+        if info.type != pyarrow.fs.FileType.File:
+            return None
+        return {"host": "an unknown host", "pid": 0, "command": "an unknown command",
+                "heartbeat": info.mtime.timestamp() if info.mtime else 0.0}
+
+
+def why_gone(holder: dict, now: float) -> str | None:
+    """Why the lock's holder no longer writes the sweep (None: it may)."""
+    if holder.get("host") == platform.node() and not _alive(int(holder.get("pid", 0))):
+        return "that process is gone"
+    age = now - float(holder.get("heartbeat", 0))
+    if age > STALE:
+        return f"it has not renewed the lock for {age:.0f} s"
+    return None
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    return True
+
+
+def _claim(fs, folder: str, path: str, claim: dict) -> bool:
+    fs.create_dir(folder)
+    if isinstance(fs, pyarrow.fs.LocalFileSystem):
+        return _write_local(path, claim, replace=False)
+    if fs.get_file_info(path).type == pyarrow.fs.FileType.File:
+        return False
+    with fs.open_output_stream(path) as out:
+        out.write(json.dumps(claim).encode())
+    if fs.type_name in OBJECT_STORES:
+        time.sleep(0.5)  # a competing upload in the same moment: the last one wins, and reads back its own
+    held = read_lock(fs, path)
+    return held is not None and held.get("token") == claim["token"]
+
+
+def _write_local(path: str, claim: dict, replace: bool) -> bool:
+    """Write the claim whole (aside, then linked or moved into place): a reader never meets half of it.
+    Without `replace`, only if no lock is there (atomically); returns whether it was written."""
+    aside = f"{path}.{uuid.uuid4().hex}.tmp"
+    with open(aside, "w") as out:
+        out.write(json.dumps(claim))
+    try:
+        if replace:
+            os.replace(aside, path)
+        else:
+            os.link(aside, path)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        if os.path.exists(aside):
+            os.unlink(aside)
+
+
+def _heartbeat(fs, path: str, claim: dict, stop: threading.Event, clock) -> None:
+    while not stop.wait(HEARTBEAT):
+        held = read_lock(fs, path)
+        if held is None or held.get("token") != claim["token"]:
+            return  # taken over (we were thought gone): the store still refuses second rows
+        beat = {**claim, "heartbeat": clock()}
+        try:
+            if isinstance(fs, pyarrow.fs.LocalFileSystem):
+                _write_local(path, beat, replace=True)
+            else:
+                with fs.open_output_stream(path) as out:
+                    out.write(json.dumps(beat).encode())
+        except OSError:
+            pass  # a full disk: the next beat tries again
+
+
+def _delete(fs, path: str) -> None:
+    try:
+        fs.delete_file(path)
+    except (FileNotFoundError, OSError):
+        pass
