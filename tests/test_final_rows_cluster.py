@@ -128,7 +128,8 @@ def test_a_trial_whose_worker_node_is_lost_is_retried_elsewhere_and_lands_once(c
         done = {p.stem for p in (fleet / "rows").glob("*.parquet")}
         for state in fleet.glob(f"tune-*/*/checkpoint_*/{STATE_FILE}"):
             trial = state.parents[1]
-            if trial.name not in done and f'"host": "{WORKER_HOST}"' in (trial / "result.json").read_text():
+            results = trial / "result.json"  # written by the driver, a moment after the checkpoint
+            if trial.name not in done and results.exists() and f'"host": "{WORKER_HOST}"' in results.read_text():
                 lost = trial.name  # mid-run on the renamed worker, with a checkpoint
         time.sleep(0.05)
     assert lost is not None, "no trial was caught mid-run on the renamed worker"
