@@ -158,7 +158,7 @@ def experiment_dir(tune_dir: Path | str, spec: TrialSpec) -> Path | str:
 
 
 def search_cell(spec: TrialSpec, num_layers: int, num_samples: int, trainable, folder: Path | str,
-                path: Path | str) -> str:
+                path: Path | str, callbacks=()) -> str:
     """Run one cell's study to its budget, or continue it where it stopped (inside a Ray task)."""
     from ray import tune
 
@@ -168,7 +168,7 @@ def search_cell(spec: TrialSpec, num_layers: int, num_samples: int, trainable, f
         tuner = tune.Tuner.restore(str(path), trainable, resume_unfinished=True, resume_errored=True)
     else:
         tuner = make_tuner(trainable, name=spec.trial_id, storage_path=parent(path), max_failures=0,
-                           callbacks=[SearchRowWriter(folder, spec.trial_id, num_samples)],
+                           callbacks=[SearchRowWriter(folder, spec.trial_id, num_samples), *callbacks],
                            **search_options(spec, num_layers, num_samples))
     tuner.fit()
     return spec.trial_id
@@ -195,8 +195,9 @@ def record_budget(path: Path | str, spec: TrialSpec, num_samples: int) -> None:
 
 
 def run_searches(specs: list[TrialSpec], *, data: dict, pretrained: dict, folder: Path | str, tune_dir: Path | str,
-                 cpus_per_trial: float, gpus_per_trial: float, options=None) -> list[str]:
-    """Every cell's study at once, each to `options.num_samples` trials; returns the cells searched."""
+                 cpus_per_trial: float, gpus_per_trial: float, options=None, callbacks=()) -> list[str]:
+    """Every cell's study at once, each to `options.num_samples` trials; returns the cells searched.
+    `callbacks` (trackers, the Python API's) go to every cell's Tuner."""
     import ray
     from ray import tune
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -224,7 +225,7 @@ def run_searches(specs: list[TrialSpec], *, data: dict, pretrained: dict, folder
     print(f"{len(specs)} studies of {num_samples} trials each; Tune experiments in {join(tune_dir, 'searches')}")
     return ray.get([
         search.remote(spec, pretrained[spec.model].num_layers, num_samples, trainable, folder,
-                      experiment_dir(tune_dir, spec))
+                      experiment_dir(tune_dir, spec), list(callbacks))
         for spec in specs
     ])
 

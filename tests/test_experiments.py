@@ -8,7 +8,8 @@ import pytest
 
 from analysis.results import read_results
 from sweep.cli import main
-from sweep.experiments import EXPERIMENTS, GridSettings, heads, incremental, permutation, reinit_lr, sequential
+from sweep.experiments import EXPERIMENTS, GridSettings
+from trialrows.experiments import heads, incremental, permutation, reinit_lr, sequential
 
 # The paper's grids (REFERENCE.md; heads and sequential: our preset for the course reports' experiments).
 PAPER_COUNTS = {
@@ -46,7 +47,7 @@ def test_paper_dry_run_prints_the_papers_trial_count(experiment, capsys):
     (["incremental", "--fractions", "0"], "--fractions: 0.0 is outside (0, 1]"),
     (["incremental", "--fractions", "1.5"], "--fractions: 1.5 is outside (0, 1]"),
     (["permutation", "--permutations", "0"], "--permutations: 0 must be at least 1"),
-    (["reinit-lr", "--lr-multiplier", "-1"], "--lr-multiplier: -1.0 must be positive"),
+    (["reinit-lr", "--lr-multiplier", "-1"], "--lr-multiplier: -1.0 must be a positive"),
     (["sequential", "--intermediate-tasks", "nope"], "--intermediate-tasks: unknown task 'nope'"),
 ])
 def test_bad_experiment_options_are_refused_before_any_work(tiny_bert, tmp_path, capsys, argv, message):
@@ -57,14 +58,14 @@ def test_bad_experiment_options_are_refused_before_any_work(tiny_bert, tmp_path,
 
 def settings(**options):
     base = dict(model="m", tasks=("sst2", "cola"), sizes=(100,), trials=((0, 2),))
-    return GridSettings(**{**base, **options})
+    return GridSettings.of(**{**base, **options})
 
 
 def test_incremental_ids_are_unchanged_by_the_new_fields():
     # Computed with recipe 2 (issue 14), which renewed every id on purpose (clipping, decay groups and trial
     # seeds change every number, so a recipe-1 row is another trial). Optional fields added since must not
     # make done trials look new.
-    s = GridSettings(model="bert-base-uncased", tasks=("sst2",), sizes=(500,), trials=((0, 2),), k=(0, 12))
+    s = GridSettings.of(model="bert-base-uncased", tasks=("sst2",), sizes=(500,), trials=((0, 2),), k=(0, 12))
     assert [x.trial_id for x in incremental(s, 12)] == [
         "incremental-sst2-n500-k0-t0-a21dd0bd02", "incremental-sst2-n500-k12-t0-6937124c60",
         "incremental-sst2-n500-k0-t1-b4fff5147f", "incremental-sst2-n500-k12-t1-6d06f3224a"]

@@ -10,7 +10,8 @@ import pytest
 
 from sweep.checks import gpu_problems
 from sweep.cli import main, prepare_data
-from sweep.experiments import GridSettings, incremental
+from sweep.experiments import GridSettings
+from trialrows.experiments import incremental
 from trainables.ablations import Reinit
 from trainables.tasks import load_task
 
@@ -122,7 +123,7 @@ def test_failed_and_diverged_trials_land_as_rows_and_the_sweep_goes_on(ray_local
     from sweep.runner import run_trials
     from trainables.models import load_pretrained
 
-    settings = GridSettings(model=tiny_bert, tasks=("synthetic",), sizes=(32,), trials=((0, 1),), k=(4,), epochs=2)
+    settings = GridSettings.of(model=tiny_bert, tasks=("synthetic",), sizes=(32,), trials=((0, 1),), k=(4,), epochs=2)
     (ok,) = incremental(settings, num_layers=4)
     diverged = dataclasses.replace(ok, lr=float("inf"))
     broken = dataclasses.replace(ok, ablation=Reinit(layers=(9,)))  # a layer this 4-layer model lacks

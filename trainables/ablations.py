@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from trainables.models import family, layer_stack, pooler
+from trialrows.experiments import SUBLAYERS  # the row vocabulary, declared once
 
 # What the paper intends (appendix B): N(0, 0.02) truncated to (-0.04, 0.04) for every non-LayerNorm
 # parameter, LayerNorm reset to the identity.
@@ -208,9 +209,6 @@ def _(ablation: HeadReinit, model: nn.Module, seed: int) -> nn.Module:
                 linear.bias[rows] = draw(torch.empty_like(linear.bias[rows]))
         output.weight[:, rows] = draw(torch.empty_like(output.weight[:, rows]))
     return model
-
-
-SUBLAYERS = ("attention", "feed-forward")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,6 +8,7 @@ hub are comparable row for row.
 """
 from __future__ import annotations
 
+import collections
 import csv
 import dataclasses
 import json
@@ -18,10 +19,10 @@ from pathlib import Path
 import datasets
 
 from trainables.synthetic import make_synthetic
+from trialrows.recipe import QA_TASK as SQUAD_V2  # question answering: trainables.qa
 
 HUB_DATASET = "nyu-mll/glue"
 SYNTHETIC = "synthetic"
-SQUAD_V2 = "squad_v2"  # question answering: trainables.qa
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,8 +87,6 @@ def load_task(name: str, data_dir: str | None = None, *, synthetic_seed: int = 0
         train, validation = make_synthetic(seed=synthetic_seed)
         return TaskData(task, train, validation, "synthetic")
     if task.name == SQUAD_V2:
-        from trainables.qa import load_squad  # qa builds on this module
-
         return load_squad(data_dir)
     if data_dir is not None:
         root = Path(data_dir).resolve()
@@ -420,3 +419,80 @@ def label_value(source: TaskSource, where: str, value, regression: bool, names: 
         raise ValueError(f"{where}: label '{name}' never occurs in the {source.split_names[0]} split; "
                          f"its labels are {', '.join(names)}")
     return names.index(name)
+
+
+SQUAD_HUB_DATASET = "rajpurkar/squad_v2"
+SQUAD_FILES = {"train": "train-v2.0.json", "validation": "dev-v2.0.json"}
+SHAPE = '{"version", "data": [{"title", "paragraphs": [{"context", "qas": [{"id", "question", "answers": [{"text", "answer_start"}]}]}]}]}'
+
+
+# --- SQuAD 2.0 (question answering: trainables.qa tokenizes and scores it) --------------------------------------------------------------------------------------------
+
+
+def load_squad(data_dir: str | None = None) -> TaskData:
+    """SQuAD 2.0's train and dev splits, from the official files under `data_dir` or from the hub; one row
+    per question: id, question, context, answers {text, answer_start} (empty lists: unanswerable)."""
+    if data_dir is not None:
+        root = Path(data_dir).resolve()
+        train, validation = (read_squad_file(root / SQUAD_FILES[split]) for split in ("train", "validation"))
+        return TaskData(get_task(SQUAD_V2), train, validation, f"local:{root}")
+    hub = datasets.load_dataset(SQUAD_HUB_DATASET)
+    train, validation = (hub[split].select_columns(["id", "question", "context", "answers"])
+                         for split in ("train", "validation"))
+    for split, source in ((train, f"{SQUAD_HUB_DATASET} train"), (validation, f"{SQUAD_HUB_DATASET} validation")):
+        for row in split:
+            check_answers(source, row["id"], row["context"], row["answers"])
+    return TaskData(get_task(SQUAD_V2), train, validation, "hub")
+
+
+def read_squad_file(path: Path) -> datasets.Dataset:
+    if not path.is_file():
+        raise FileNotFoundError(f"task '{SQUAD_V2}': expected the official file {path}")
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: not SQuAD JSON (not JSON at all: {err}); expected {SHAPE}") from None
+    rows = collections.defaultdict(list)
+    for qa, context in squad_questions(document, path):
+        answers = qa.get("answers")
+        if not isinstance(answers, list) or not all(isinstance(a, dict) and isinstance(a.get("text"), str)
+                                                    and isinstance(a.get("answer_start"), int) for a in answers):
+            raise ValueError(f"{path}: question {qa['id']}: 'answers' must be a list of {{\"text\", \"answer_start\"}}")
+        if bool(qa.get("is_impossible", not answers)) == bool(answers):
+            raise ValueError(f"{path}: question {qa['id']}: is_impossible={qa.get('is_impossible')} but it has "
+                             f"{len(answers)} answers; an unanswerable question has none, an answerable one some")
+        answers = {"text": [a["text"] for a in answers], "answer_start": [a["answer_start"] for a in answers]}
+        check_answers(str(path), qa["id"], context, answers)
+        for name, value in (("id", qa["id"]), ("question", qa["question"]), ("context", context), ("answers", answers)):
+            rows[name].append(value)
+    if not rows:
+        raise ValueError(f"{path}: the file holds no questions")
+    return datasets.Dataset.from_dict(dict(rows))
+
+
+def squad_questions(document, path: Path):
+    """(question, its context) for every question of a SQuAD JSON document; a clear error where the shape
+    is not SQuAD's."""
+    def fail(where: str) -> None:
+        raise ValueError(f"{path}: not SQuAD JSON ({where}); expected {SHAPE}")
+
+    if not isinstance(document, dict) or not isinstance(document.get("data"), list):
+        fail("no top-level 'data' list")
+    for i, article in enumerate(document["data"]):
+        if not isinstance(article, dict) or not isinstance(article.get("paragraphs"), list):
+            fail(f"data[{i}] has no 'paragraphs' list")
+        for j, paragraph in enumerate(article["paragraphs"]):
+            if not isinstance(paragraph, dict) or not isinstance(paragraph.get("context"), str) \
+                    or not isinstance(paragraph.get("qas"), list):
+                fail(f"data[{i}].paragraphs[{j}] has no 'context' text and 'qas' list")
+            for qa in paragraph["qas"]:
+                if not isinstance(qa, dict) or not isinstance(qa.get("id"), str) or not isinstance(qa.get("question"), str):
+                    fail(f"data[{i}].paragraphs[{j}] has a question without an 'id' and 'question' text")
+                yield qa, paragraph["context"]
+
+
+def check_answers(source: str, question_id: str, context: str, answers: dict) -> None:
+    for text, start in zip(answers["text"], answers["answer_start"]):
+        if start < 0 or context[start : start + len(text)] != text:
+            raise ValueError(f"{source}: question {question_id}: answer_start {start} does not point at its answer "
+                             f"{text!r} (the context there reads {context[max(start, 0) : max(start, 0) + len(text)]!r})")
