@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import csv
 import dataclasses
+import io
 import json
 import math
 from collections.abc import Mapping
@@ -167,7 +168,7 @@ def read_glue_split(task: Task, data_dir: Path, split: str) -> datasets.Dataset:
     labels: list[float | int] = []
     # GLUE's sentences hold unbalanced quote characters, so a quote is plain text, never a field delimiter.
     # newline="" lets csv take CRLF as a line end; utf-8-sig drops the byte-order mark MRPC's files carry.
-    with open(path, encoding="utf-8-sig", newline="") as handle:
+    with io.StringIO(read_text(path), newline="") as handle:
         reader = csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE)
         header = next(reader, []) if layout.has_header else None
         if header == []:
@@ -188,6 +189,18 @@ def read_glue_split(task: Task, data_dir: Path, split: str) -> datasets.Dataset:
         raise ValueError(f"{path}: the file holds no examples" + (" after its header" if header else ""))
     columns = dict(zip(("text_a", "text_b"), texts))
     return datasets.Dataset.from_dict({**columns, "label": labels}, features=split_features(task))
+
+
+def read_text(path: Path) -> str:
+    """A data file's text; a file that is not UTF-8 is refused with the line of its first bad byte (a byte-order
+    mark is dropped, as MRPC's files carry one)."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = data[:err.start].count(b"\n") + 1
+        raise ValueError(f"{path}, line {line}: not UTF-8 text (byte {data[err.start]:#04x}); save the file as "
+                         "UTF-8") from None
 
 
 def column_position(column: str | int, header: list[str] | None, path: Path) -> int:
@@ -270,6 +283,10 @@ Records = list[tuple[str, dict]]  # (where: "FILE, line N", the example's column
 def task_split(source: TaskSource, task: Task, records: Records) -> datasets.Dataset:
     """Records as a split of the common schema: text_a (text_b), label (a class id, or a float)."""
     texts = [[text_value(where, record, column) for where, record in records] for column in source.text_columns]
+    for column, values in zip(source.text_columns, texts):
+        if not any(v.strip() for v in values):  # every example would train on its special tokens alone
+            raise ValueError(f"{records[0][0].rpartition(',')[0]}: text column '{column}' is empty in all "
+                             f"{len(values)} examples of task '{source.name}'")
     labels = [label_value(source, where, record[source.label_column], task.is_regression, task.label_names)
               for where, record in records]
     return datasets.Dataset.from_dict({**dict(zip(("text_a", "text_b"), texts)), "label": labels},
@@ -323,7 +340,7 @@ def read_file(path: Path) -> Records:
 
 def read_json_lines(path: Path) -> Records:
     records = []
-    with open(path, encoding="utf-8-sig") as handle:
+    with io.StringIO(read_text(path)) as handle:
         for number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
@@ -339,10 +356,14 @@ def read_json_lines(path: Path) -> Records:
 
 def read_delimited(path: Path, delimiter: str) -> Records:
     records = []
-    with open(path, encoding="utf-8-sig", newline="") as handle:
+    with io.StringIO(read_text(path), newline="") as handle:
         reader = csv.reader(handle, delimiter=delimiter)
         try:
             header = next(reader, None)
+            twice = sorted({c for c in header or () if header.count(c) > 1})
+            if twice:
+                raise ValueError(f"{path}, line 1: column '{twice[0]}' appears {header.count(twice[0])} times in the "
+                                 "header; each column needs its own name")
             for fields in reader:
                 if not fields:
                     continue
@@ -449,8 +470,8 @@ def read_squad_file(path: Path) -> datasets.Dataset:
     if not path.is_file():
         raise FileNotFoundError(f"task '{SQUAD_V2}': expected the official file {path}")
     try:
-        document = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        document = json.loads(read_text(path))
+    except json.JSONDecodeError as err:
         raise ValueError(f"{path}: not SQuAD JSON (not JSON at all: {err}); expected {SHAPE}") from None
     rows = collections.defaultdict(list)
     for qa, context in squad_questions(document, path):

@@ -305,6 +305,12 @@ def alternate(grid, num_layers: int, num_heads: int | None = None) -> list:
             for task, n, t in grid.cells() for parity in grid.parities]
 
 
+def embeddings(grid, num_layers: int, num_heads: int | None = None) -> list:
+    """Only the embeddings reinitialized, every layer kept: what the pretrained embeddings carry that the
+    layers cannot make up for (against the full model)."""
+    return [grid.trial("embeddings", task, n, t, grid.surgery("embeddings")()) for task, n, t in grid.cells()]
+
+
 def scratch(grid, num_layers: int, num_heads: int | None = None) -> list:
     """The floor: every layer and the embeddings reinitialized (incremental k = 0 keeps the embeddings)."""
     ablation = grid.surgery("scratch")(tuple(range(1, num_layers + 1)), grid.reinit_mode, grid.reinit_pooler)
@@ -397,6 +403,13 @@ register(Experiment("scratch", scratch, "every layer and the embeddings reinitia
                          note="The floor: against incremental k = 0 (embeddings only, the reference lines), what the "
                               "pretrained embeddings alone carry.", new_columns=(("reinit_embeddings", "bool"),)),
                     presets={"paper": dict(PAPER_5K, trials=["3"]), "demo": dict(trials=["1"])}, surgery=("scratch",)))
+register(Experiment("embeddings", embeddings, "only the embeddings reinitialized, every layer kept",
+                    View((*FINETUNED, "reinit_embeddings"), finetunes=True, reset_column="reinit_embeddings",
+                         title="Only the embeddings reinitialized, every layer kept",
+                         note="Word, position and token-type embeddings (and their LayerNorm) drawn afresh; every "
+                              "layer and the pooler pretrained. Against the full model (the reference line)."),
+                    presets={"paper": dict(PAPER_5K, trials=["3"]), "demo": dict(trials=["1"])},
+                    surgery=("embeddings",)))
 
 VIEWS: dict[str, View] = {name: e.view for name, e in EXPERIMENTS.items()}
 KNOWN_EXPERIMENTS = tuple(EXPERIMENTS)
