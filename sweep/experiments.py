@@ -27,6 +27,8 @@ def _fractions(f, _) -> list[str]:
 
 def trial_count(word: str) -> tuple[int, int]:
     """One --trials word: '3' (every size) or 'SIZE=COUNT' (e.g. 500=50), as (size or 0, count)."""
+    if isinstance(word, (tuple, list)) and len(word) == 2:  # already (size, count)
+        word = trial_word(word)
     size, _, count = str(word).rpartition("=")
     try:
         pair = (int(size) if size else 0, int(count))
@@ -55,6 +57,8 @@ def _trials(pairs, _) -> list[str]:
 
 def skipped_cell(word: str) -> tuple[str, int]:
     """One cell left out of the grid, 'TASK=SIZE' (the paper left out cola=50000)."""
+    if isinstance(word, (tuple, list)) and len(word) == 2:  # already (task, size)
+        word = f"{word[0]}={word[1]}"
     task, _, size = str(word).partition("=")
     if not task or not size.isdigit():
         raise ValueError(f"'{word}' is not TASK=SIZE (e.g. cola=50000)")

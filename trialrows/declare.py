@@ -93,6 +93,8 @@ class Option:
         is 1.0, so the trial's identity is the same whichever way it was written). Raises ValueError naming
         the option."""
         name = where or self.flag
+        if value is None:  # a config file's null: the setting unset (--k null: every k)
+            return None
         if self.switch:
             if isinstance(value, bool):
                 return value
@@ -122,12 +124,10 @@ class Option:
                     from None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             value = str(value)  # a number where a word is read (--trials 3, --checkpoint-every 0)
-        if isinstance(value, str):
-            try:
-                return convert(value)
-            except Exception as err:  # argparse.ArgumentTypeError, ValueError: the converter says why
-                raise ValueError(f"{name}: {err}") from None
-        return value  # already the held form (the Python API may pass it)
+        try:  # a word, or a held form the converter takes back (a config file's mapping, the API's tuple)
+            return convert(value)
+        except Exception as err:  # argparse.ArgumentTypeError, ValueError: the converter says why
+            raise ValueError(f"{name}: {err}") from None
 
     def written(self, value):
         """The value as a config file holds it."""
