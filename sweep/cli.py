@@ -561,10 +561,12 @@ def run(todo: list[TrialSpec], settings: GridSettings, options: Sweep, folder: P
             raise Refused([str(err)]) from None
         print(f"data and weights ready in {time.perf_counter() - started:.1f}s; trials start now\n"
               f"TensorBoard (per-epoch curves of every trial): tensorboard --logdir {parent(folder)}", flush=True)
+        from sweep.trackers import tracker_callbacks
+
         extra = {"callbacks": [*tracker_callbacks(options), *callbacks]}
         if not extra["callbacks"]:
             extra = {}
-        return EXPERIMENTS[options.experiment].run_function()(
+        returned = EXPERIMENTS[options.experiment].run_function()(
             todo,
             data=data,
             pretrained={settings.model: pretrained},
@@ -575,36 +577,11 @@ def run(todo: list[TrialSpec], settings: GridSettings, options: Sweep, folder: P
             options=options,
             **extra,
         )
+        # run_trials and run_probing return (Tune's ResultGrid, the trial ids written); searches their cells.
+        return returned[0] if isinstance(returned, tuple) else returned
     finally:
         if owns_ray:
             ray.shutdown()  # before the interpreter exits, so workers stop quietly instead of by SIGTERM
-
-
-def tracker_callbacks(sweep: Sweep) -> list:
-    """Ray Tune's own logger callbacks for --logger: W&B (project = the sweep's name; WANDB_MODE, WANDB_API_KEY
-    as W&B reads them) and MLflow (experiment = the sweep's name; MLFLOW_TRACKING_URI, else a file store
-    beside the rows)."""
-    callbacks = []
-    for name in sweep.run.logger or ():
-        if name == "wandb":
-            from ray.air.integrations.wandb import WandbLoggerCallback
-
-            callbacks.append(WandbLoggerCallback(project=sweep.name, log_config=True,
-                                                 dir=str(Path(sweep_dir(sweep.run.storage, sweep.name)))
-                                                 if "://" not in sweep.run.storage else None))
-        elif name == "mlflow":
-            from ray.air.integrations.mlflow import MLflowLoggerCallback
-
-            uri = os.environ.get("MLFLOW_TRACKING_URI") or mlflow_store(sweep)
-            callbacks.append(MLflowLoggerCallback(tracking_uri=uri, experiment_name=sweep.name, save_artifact=False))
-    return callbacks
-
-
-def mlflow_store(sweep: Sweep) -> str:
-    from sweep.store import join, location
-
-    where = join(location(sweep.run.storage), sweep.name, "mlruns")
-    return Path(where).as_uri() if isinstance(where, Path) else str(where)
 
 
 def report(folder: Path, grid_ids: set[str], table=None):
