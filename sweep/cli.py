@@ -325,6 +325,11 @@ def load_data(sweep: Sweep, tasks: list[str], dry_run: bool) -> dict:
     file and line. A dry run reads the local files only; the hub is not asked then."""
     settings = sweep.grid
     wanted = local_tasks(settings, tasks) if dry_run else list(tasks)
+    hub = [t for t in wanted if t not in local_tasks(settings, tasks) and t != "synthetic"]
+    if hub and not hub_offline() and not hub_answers():
+        raise Refused([f"--tasks: {', '.join(hub)} come from the Hugging Face hub, which does not answer from this "
+                       "machine; give --data-dir with a local GLUE folder (or SQuAD's files), --task-file for your "
+                       "own, or HF_DATASETS_OFFLINE=1 to use what the datasets cache holds"])
     try:
         return load_raw_tasks(settings, wanted)
     except (OSError, ValueError) as err:
@@ -334,6 +339,24 @@ def load_data(sweep: Sweep, tasks: list[str], dry_run: bool) -> dict:
                            f"({type(err).__name__}: {str(err)[:200]}); give --data-dir with a local GLUE folder "
                            "(or SQuAD's files), or --task-file for your own"]) from None
         raise Refused([str(err)]) from None
+
+
+def hub_offline() -> bool:
+    return any(os.environ.get(v, "").lower() in ("1", "true", "yes") for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+
+
+def hub_answers(timeout: float = 5.0) -> bool:
+    """Whether the hub's host takes a connection: asked once, quickly, before `datasets` retries for a minute."""
+    import socket
+    from urllib.parse import urlsplit
+
+    endpoint = urlsplit(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    try:
+        with socket.create_connection((endpoint.hostname, endpoint.port or (443 if endpoint.scheme == "https" else 80)),
+                                      timeout=timeout):
+            return True
+    except OSError:
+        return False
 
 
 def is_unreachable(err: Exception) -> bool:
@@ -429,7 +452,9 @@ def plan(sweep: Sweep, dry_run: bool) -> Planned:
     try:
         limits = model_limits(grid.model, dry_run)
     except (OSError, ValueError) as err:  # no such folder, no safetensors weights, no hub to reach
-        raise Refused([f"--model: '{grid.model}' cannot be loaded: {err}"]) from None
+        hint = ("; the hub does not answer: give a local folder with safetensors weights, or --model minilm (offline)"
+                if is_unreachable(err) else "")
+        raise Refused([f"--model: '{grid.model}' cannot be loaded: {str(err).splitlines()[0]}{hint}"]) from None
     problems = family_problems(limits, sweep.experiment, grid)
     if problems:
         raise Refused(problems)

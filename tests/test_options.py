@@ -228,3 +228,19 @@ def test_question_answering_windows_and_answers_are_checked_before_any_work(tiny
         (broken / name).write_text(json.dumps(document))
     err = refused([*base, "--data-dir", str(broken), "--max-length", "128"], capsys, tmp_path / "store")
     assert "does not point at its answer" in err
+
+
+def test_a_hub_that_does_not_answer_is_named_before_ray_starts(tiny_bert, tmp_path, capsys, monkeypatch):
+    import ray
+
+    import sweep.cli
+
+    monkeypatch.setattr(sweep.cli, "hub_answers", lambda timeout=5.0: False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    argv = ["incremental", "--model", tiny_bert, "--tasks", "rte", "--sizes", "10", "--k", "4", "--trials", "1",
+            "--storage", str(tmp_path / "store")]
+    assert main(argv) == 2 and not ray.is_initialized() and not (tmp_path / "store").exists()
+    assert "--tasks: rte come from the Hugging Face hub, which does not answer from this machine; give --data-dir" \
+        in capsys.readouterr().err
+    assert main([*argv, "--dry-run"]) == 0  # a dry run does not ask the hub
