@@ -291,7 +291,7 @@ def describe_settings(sweep: Sweep, specs: list[TrialSpec]) -> str:
     grid, lines = sweep.grid, []
     written = {o.name: o for o in options_of(sweep.experiment)}
     filled = ", ".join(f"{flag_of(n)} {shown(written[n].written(getattr(sweep, n)))}" for n in sweep.filled)
-    lines.append(f"preset {sweep.preset}: " + (f"filled {filled}" if filled else "filled nothing (every setting given)")
+    lines.append(f"preset {sweep.preset}: " + (f"filled {filled}" if filled else "filled nothing")
                  + (f"; its picks {', '.join(flag_of(n) for n in sweep.dropped)} are left out (you named what to "
                     "run on), declared defaults instead" if sweep.dropped else ""))
     own = [f"{o.flag} {shown(getattr(grid, o.name))}" for o in EXPERIMENTS[sweep.experiment].options]
