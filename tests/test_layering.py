@@ -36,20 +36,22 @@ def test_each_package_imports_only_what_it_may(package):
         assert imported_packages(path) <= ALLOWED[package], path.relative_to(ROOT)
 
 
-def test_a_dry_run_of_every_experiment_loads_no_analysis_module():
-    code = ("import sys; from sweep.cli import main, EXPERIMENTS; import sweep.runner, sweep.search, sweep.probing; "
-            "[main([e, '--dry-run']) for e in EXPERIMENTS]; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'analysis'))")
+def loaded_packages(code: str, packages: set[str]) -> list[str]:
+    """Which of `packages` a fresh interpreter has loaded after running `code`."""
+    code += f"; import sys; print(sorted({{m.split('.')[0] for m in sys.modules}} & {sorted(packages)!r}))"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
-    assert out.strip().splitlines()[-1] == "[]"
+    return eval(out.strip().splitlines()[-1])
+
+
+def test_a_dry_run_of_every_experiment_loads_no_analysis_module():
+    code = ("from sweep.cli import main, EXPERIMENTS; import sweep.runner, sweep.search, sweep.probing; "
+            "[main([e, '--dry-run']) for e in EXPERIMENTS]")
+    assert loaded_packages(code, {"analysis"}) == []
 
 
 def test_the_analysis_and_the_registry_load_neither_torch_nor_the_sweep():
-    code = ("import sys; import analysis, analysis.report, analysis.tables, analysis.figures, trialrows.experiments, "
-            "trialrows.schema; print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'sweep', 'ray', "
-            "'trainables'}))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
-    assert out.strip().splitlines()[-1] == "[]"
+    code = "import analysis, analysis.report, analysis.tables, analysis.figures, trialrows.experiments, trialrows.schema"
+    assert loaded_packages(code, {"torch", "sweep", "ray", "trainables"}) == []
 
 
 def module_imports(path: Path) -> set[str]:
