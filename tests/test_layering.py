@@ -38,7 +38,7 @@ def test_each_package_imports_only_what_it_may(package):
 
 def loaded_packages(code: str, packages: set[str]) -> list[str]:
     """Which of `packages` a fresh interpreter has loaded after running `code`."""
-    code += f"; import sys; print(sorted({{m.split('.')[0] for m in sys.modules}} & {sorted(packages)!r}))"
+    code += f"; import sys; print(sorted({{m.split('.')[0] for m in sys.modules}} & set({sorted(packages)!r})))"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     return eval(out.strip().splitlines()[-1])
 
