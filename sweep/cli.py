@@ -207,15 +207,15 @@ def environment_problems(sweep: Sweep, dry_run: bool) -> list[str]:
     cluster is named (a cluster's are known once Ray connects)."""
     run = sweep.run
     problems = address_problems(run.address)
-    if "://" in run.storage and any(p.startswith("--storage") for p in validate_storage_shape(run.storage)):
-        return problems  # its shape is refused already: do not ask a store that cannot be named
+    if storage_shape_problems(run.storage):
+        return problems  # refused already (validate): a store that cannot be named is not asked
     problems += storage_access_problems(run.storage) if dry_run else storage_problems(run.storage)
     if dry_run and run.address in (None, "", "local"):
         problems += gpu_problems(run.gpus_per_trial or 0.0, {"GPU": local_gpus()})
     return problems
 
 
-def validate_storage_shape(storage: str) -> list[str]:
+def storage_shape_problems(storage: str) -> list[str]:
     from sweep.config import RUN
 
     return next(o for o in RUN if o.name == "storage").problems(storage, Limits())

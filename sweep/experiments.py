@@ -10,7 +10,7 @@ import numpy as np
 
 from sweep.grid import TrialSpec
 from trainables.ablations import ABLATIONS, REINIT_MODES, Reinit
-from trialrows.declare import Limits, Option, at_least, declared, each, known_task, setting
+from trialrows.declare import Option, at_least, declared, each, known_task, setting
 from trialrows.experiments import EXPERIMENTS, OWN_OPTIONS, Experiment  # noqa: F401  (the registry, re-exported)
 from trialrows.recipe import TRAIN, Recipe, default_epochs, default_max_length, resolve_precision
 
@@ -265,8 +265,4 @@ def trial(settings: GridSettings, experiment: str, task: str, size: int, trial_i
         own_columns=tuple(own_columns.items()),
         **{**recipe, **extra},
     )
-
-
-def build(experiment: str, settings: GridSettings, limits: Limits) -> list[TrialSpec]:
-    return EXPERIMENTS[experiment].build(settings, limits.num_layers, limits.num_heads)
 

@@ -18,10 +18,8 @@ from __future__ import annotations
 import collections
 import copy
 import dataclasses
-import json
 import re
 import string
-from pathlib import Path
 
 import datasets
 import numpy as np
