@@ -81,7 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
         own = sub.add_argument_group(f"{name} options")
         for option in experiment.options:
             add(own, option)
-        for title, options in parse_groups([o for o in options_of(name) if o not in experiment.options]).items():
+        groups = parse_groups([o for o in options_of(name) if o not in experiment.options])
+        for title, options in sorted(groups.items(), key=lambda group: group[0] != "grid"):  # the grid first
             group = sub.add_argument_group(title)
             for option in options:
                 add(group, option)
