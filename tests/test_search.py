@@ -108,7 +108,7 @@ def test_grouped_space_gives_two_multipliers_and_the_baseline_first():
 
 
 def search_argv(model, storage, name, *extra):
-    return ["lr-multipliers", "--model", model, "--tasks", "synthetic", "--sizes", "40", "--k", "2", "--epochs", "2",
+    return ["lr-multipliers", "--model", model, "--tasks", "synthetic", "--sizes", "40", "--trials", "1", "--k", "2", "--epochs", "2",
             "--lr", str(LR), "--seed", str(SEED), "--cpus-per-trial", "2", "--storage", str(storage), "--name", name, *extra]
 
 
