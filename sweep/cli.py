@@ -386,10 +386,11 @@ def prepare_data(settings: GridSettings, specs: list[TrialSpec], raw: dict | Non
     from trainables.qa import tokenize_qa_task
     from trainables.tasks import SQUAD_V2
 
-    needed = {}  # task -> the largest subset any trial draws from it
+    needed, lengths = {}, {}  # task -> the largest subset any trial draws from it, and its trials' lengths
     for spec in specs:
         for task in spec.tasks:
             needed[task] = max(needed.get(task, 0), spec.train_size)
+            lengths.setdefault(task, set()).add(spec.max_length)  # as the trials resolved it
     raw = {**load_raw_tasks(settings, [t for t in needed if t not in (raw or {})]), **(raw or {})}
     for task, size in needed.items():
         if size > len(raw[task].train):
@@ -397,12 +398,12 @@ def prepare_data(settings: GridSettings, specs: list[TrialSpec], raw: dict | Non
     tokenizer = load_tokenizer(settings.model)
     cache = tokenized_cache()
 
-    def tokenize(task):  # question answering has its own windows (trainables.qa), not cached
+    def tokenize(task, length):  # question answering has its own windows (trainables.qa), not cached
         if task == SQUAD_V2:
-            return tokenize_qa_task(raw[task], tokenizer, settings.model, settings.max_length)
-        return tokenize_task(raw[task], tokenizer, settings.model, settings.max_length, cache)
+            return tokenize_qa_task(raw[task], tokenizer, settings.model, length)
+        return tokenize_task(raw[task], tokenizer, settings.model, length, cache)
 
-    return {data_key(task, settings.max_length): tokenize(task) for task in needed}
+    return {data_key(task, length): tokenize(task, length) for task in needed for length in sorted(lengths[task])}
 
 
 def window_problems(settings: GridSettings, raw: dict) -> list[str]:
