@@ -674,18 +674,48 @@ FIGURES = (
 
 
 def all_figures(rows: pd.DataFrame) -> list[Plot]:
-    """Every figure the rows support, in paper order, then those of analysis.experiments' own entries."""
-    from analysis import experiments as E
-
+    """Every figure the rows support, in paper order, then those of the registry's entries with a title."""
     return [*(plot for make in FIGURES for plot in make(rows)),
-            *(plot for name in E.GENERIC for plot in E.figure(rows, name))]
+            *(plot for name in T.GENERIC for plot in experiment_figure(rows, name))]
 
 
 def experiment_figure(rows: pd.DataFrame, experiment: str) -> list[Plot]:
-    """The figure of an experiment made from its analysis.experiments entry alone."""
-    from analysis import experiments as E
-
-    return E.figure(rows, experiment)
+    """Per model, size and reinit mode, a panel per task: each condition's mean and 95% t-interval along
+    the entry's x axis (one line per `series` value), the full model and embeddings-only references as lines:
+    all a registered experiment (trialrows.experiments) with a `title` needs for its figure."""
+    view = T.VIEWS[experiment]
+    summary = _drawable(T.experiment_table(rows, experiment))
+    if view.reset_column and view.reset_column in summary.columns:  # the baseline is a reference line
+        summary = summary[summary[view.reset_column].notna()]
+    if summary.empty:
+        return []
+    refs = T.reference_table(rows)
+    plots = []
+    for suffix, part, sub in _split(summary, ["model", "train_size", "reinit_mode"], drawn=tuple(c for c in (view.x, view.series) if c)):
+        tasks = sorted(sub["task"].unique(), key=T.task_key)
+        fig, axes = _panels(len(tasks))
+        first = sub.iloc[0]
+        ticks = sorted(sub[view.x].dropna().unique(), key=str) if view.x else [experiment]
+        for ax, task in zip(axes, tasks):
+            here = sub[sub["task"] == task]
+            groups = here.groupby(view.series, sort=True) if view.series else [(experiment, here)]
+            for i, (name, group) in enumerate(groups):
+                x = [ticks.index(v) for v in group[view.x]] if view.x else [0] * len(group)
+                _errorline(ax, x, group, color=SERIES_COLORS[i % len(SERIES_COLORS)], label=str(name),
+                             offset=0.1 * i)
+            _reference_lines(ax, T.reference_values(refs, task, first["model"], first["train_size"],
+                                                      first.get("reinit_mode"), condition=first.to_dict()))
+            _task_axes(ax, task, _metric(here), rows)
+            ax.set_xticks(np.arange(len(ticks)), [str(t) for t in ticks])
+            ax.set_xlabel(view.x or "", fontsize=8.5)
+        _legend(fig, axes)
+        _title(fig, f"{view.title}, {_short('model', first['model'])}, {int(first['train_size']):,} examples"
+                 + _extra(part))
+        plots.append(Plot(f"{experiment}{suffix}", fig,
+                            f"{view.title}. Means with 95% t-intervals; dashed: the full model, dotted: embeddings "
+                            "only (incremental k = 0)." + _one_trial_note(sub) + _excluded_note(sub),
+                            "experiment_figure", f"{view.title} ({_context(sub, part)})", f", {experiment!r}"))
+    return plots
 
 
 def probing_figure(rows: pd.DataFrame) -> list[Plot]:

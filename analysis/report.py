@@ -18,7 +18,6 @@ from pathlib import Path
 import matplotlib
 import pandas as pd
 
-from analysis import experiments as E
 from analysis import figures as F
 from analysis import format as fmt
 from analysis import search as S
@@ -87,8 +86,8 @@ TABLES = (
               note="PED-ANOVA (optuna.importance.PedAnovaImportanceEvaluator, deterministic: no random draw) on "
                    "each cell's completed trials (study rebuilt from the rows): how much each multiplier explains "
                    "of the top 10% of the validation objective."),
-    *(TableSpec(name, E.VIEWS[name].title, functools.partial(E.table, experiment=name), note=E.VIEWS[name].note)
-      for name in E.GENERIC),
+    *(TableSpec(name, T.VIEWS[name].title, functools.partial(T.experiment_table, experiment=name),
+                note=T.VIEWS[name].note) for name in T.GENERIC),
     TableSpec("other", "Other experiments", T.other_table,
               note="Experiments without a dedicated table: the generic per-condition summary."),
 )

@@ -24,10 +24,10 @@ from analysis.stats import condition_columns, condition_table, correlation, spli
 from trialrows.summaries import STATISTICS
 
 # Experiments this module knows, what keeps their conditions apart and which finetune with parts reset:
-# analysis.experiments, one entry each; rows of any other experiment still get a table (`other_table`), so
-# nothing a sweep wrote is silently dropped.
+# the registry (trialrows.experiments), one entry each; rows of any other experiment still get a table
+# (`other_table`), so nothing a sweep wrote is silently dropped.
 from trialrows.experiments import (  # noqa: E402,F401
-    EXPERIMENT_COLUMNS, FINETUNE_EXPERIMENTS, KNOWN_EXPERIMENTS, RESET_COLUMNS, VIEWS,
+    EXPERIMENT_COLUMNS, FINETUNE_EXPERIMENTS, GENERIC, KNOWN_EXPERIMENTS, RESET_COLUMNS, VIEWS,
 )
 
 TASK_ORDER = ["sst2", "qnli", "cola", "mnli", "qqp", "rte", "mrpc", "stsb", "wnli", "squad", "squad_v2", "synthetic"]
@@ -299,6 +299,11 @@ def mixed_settings_lines(rows: pd.DataFrame) -> list[str]:
              for experiment, by in mixed.items()]
     return ["This store mixes settings (" + "; ".join(parts) + "): each value is its own condition in every "
             "table and figure, which show the column."]
+
+
+def experiment_table(rows: pd.DataFrame, experiment: str) -> pd.DataFrame:
+    """A registered experiment's conditions, summarized (n, mean, 95% t-interval, ...) by its view's columns."""
+    return _experiment_table(rows, [experiment], [*VIEWS[experiment].columns, "metric_name"])
 
 
 def _experiment_table(rows, experiments, by):

@@ -90,7 +90,7 @@ def address_problems(address: str | None, timeout: float = 5.0) -> list[str]:
 
 def data_dir_problems(data_dir: str | None, tasks) -> list[str]:
     """Whether a local GLUE folder holds the train and dev file of every task asked for."""
-    from trainables.qa import SQUAD_FILES
+    from trainables.tasks import SQUAD_FILES
     from trainables.tasks import GLUE_FILES, SQUAD_V2, TASKS, get_task
 
     if data_dir is None:

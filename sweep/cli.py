@@ -1,10 +1,15 @@
-"""`python -m sweep <experiment>`: build the grid, skip what is done, run the rest on Ray, land Parquet rows."""
+"""`python -m sweep <experiment>` (or `reinit-sweep <experiment>`): build the grid, skip what is done, run the
+rest on Ray, land Parquet rows. The command line is made from the settings' declarations (sweep.config,
+sweep.experiments, trialrows.recipe, trialrows.experiments); `--config FILE` reads the same settings from a
+YAML or TOML file, and the options given on the command line override the file's. `execute` is the one path
+from a resolved Sweep to rows, for the command line and the Python API (sweep.api) alike."""
 from __future__ import annotations
 
 import argparse
-import collections
 import contextlib
+import collections
 import dataclasses
+import os
 import shlex
 import sys
 import time
@@ -12,363 +17,213 @@ from pathlib import Path
 
 from sweep.checks import (address_problems, cannot_start, data_dir_problems, gpu_problems, storage_access_problems,
                           storage_problems)
-from sweep.experiments import EXPERIMENTS, PROBES, GridSettings
-from sweep.options import Limits, Option, at_least, each, known_task, non_negative, parse_groups, positive
+from sweep.config import CONFIG_FILE, PRESET, Refused, Sweep, flag_of, options_of, read_config, resolve, write_config
+from sweep.experiments import EXPERIMENTS, GridSettings, trial_word
 from sweep.fingerprints import reconcile, stored_fingerprints, with_fingerprints
 from sweep.grid import TrialSpec, data_key
 from sweep.lock import sweep_lock
-from sweep.packs import parse_pack
-from sweep.runner import CHECKPOINT_EVERY
 from sweep.status import main as status_main
 from sweep.status import record_plan
 from sweep.store import FINISHED, finished_trial_ids, parent, rows_dir, sweep_dir
-
-# Each preset fills in whatever the command line leaves unset; "demo" is the embedded offline default.
-PRESETS = {
-    # Demo: every layer reinitialized (k=0) or every layer kept (k=6), one trial each, 500 examples, 3 epochs:
-    # two trials, one per core, show the finding in about three minutes (docs/benchmarks.md, "Demo"; on 300
-    # examples the kept model reached 0.64 in one of two trials).
-    "demo": dict(model="minilm", tasks=["synthetic"], sizes=[500], trials=["1"], k=[0, 6], epochs=3),
-    "paper": dict(
-        model="bert-base-uncased",
-        tasks=["sst2", "cola", "qnli"],
-        sizes=[500, 5000, 50000],
-        trials=["500=50", "3"],
-        skip=frozenset({("cola", 50000)}),
-    ),
-}
+from trialrows.declare import Limits, parse_groups
 
 # Layer, head and position counts of the paper's models, so that `--preset paper --dry-run` counts its grid offline.
 KNOWN_SHAPES = {"bert-base-uncased": (12, 12, 512), "bert-base-cased": (12, 12, 512),
                 "bert-large-uncased": (24, 16, 512)}
 # GLUE's train split sizes (the hub's nyu-mll/glue), so that a dry run of sizes given as --fractions (the
-# probing paper preset: full splits) counts offline too.
+# probing paper preset: full splits) or beyond a split counts offline too.
 KNOWN_TRAIN_SIZES = {"sst2": 67349, "cola": 8551, "qnli": 104743, "rte": 2490, "mrpc": 3668, "stsb": 5749,
                      "wnli": 635, "squad_v2": 130319}
-# The default --max-length: question answering's windows are Hugging Face's example's (384 tokens);
-# sentences fit in 128. Batches are padded to their own longest sequence, so a sentence task run beside
-# squad_v2 at 384 costs the same as at 128.
-DEFAULT_MAX_LENGTH, QA_MAX_LENGTH = 128, 384
+# The most trials one sweep may plan: the paper's largest grid is 2,145; a grid a thousand times as large is a
+# typo (`--trials 10000000`) that would take minutes to list before anything ran.
+MAX_TRIALS = 1_000_000
 
 
 def parse_trials(values: list[str]) -> tuple[tuple[int, int], ...]:
     """'3' (every size) or 'SIZE=COUNT' items, e.g. `--trials 500=50 3`."""
-    counts = []
-    for value in values:
-        size, _, count = value.rpartition("=")
-        try:
-            counts.append((int(size) if size else 0, int(count)))
-        except ValueError:
-            raise SystemExit(f"--trials: '{value}' is neither a count nor SIZE=COUNT (e.g. 3 or 500=50)")
-        if counts[-1][1] < 1:
-            raise SystemExit(f"--trials: '{value}' asks for {counts[-1][1]} trials; give at least 1")
-    return tuple(counts)
+    from sweep.experiments import trial_count
 
-
-def _storage_help() -> str:
-    return ("where rows, logs and checkpoints go: a folder (default ./results; on a cluster one every node sees) or "
-            "a URI: s3://bucket/prefix, gs://bucket/prefix, file:///path")
-
-
-def _gpus(gpus, _) -> list[str]:
-    if 0 <= gpus <= 1 or (gpus > 1 and float(gpus).is_integer()):
-        return []
-    return [f"{gpus} must be a share of one GPU in [0, 1] (e.g. 0.25) or a whole number of GPUs"]
-
-
-def _max_length(length, limits) -> list[str]:
-    if length >= 1 and (limits.max_positions is None or length <= limits.max_positions):
-        return []
-    most = f"1..{limits.max_positions}: {limits.model} has {limits.max_positions} positions" \
-        if limits.max_positions else "at least 1"
-    return [f"{length} is outside {most}"]
-
-
-def _name(name, _) -> list[str]:
-    if name not in ("", ".", "..") and "/" not in name and "\\" not in name:
-        return []
-    return [f"'{name}' must be one folder name (no '/', not '.' or '..'), made under --storage"]
-
-
-def _sizes(size, _) -> list[str]:
-    return [] if size > 0 else [f"{size} is not a positive number of training examples"]
-
-
-def _fractions(f, _) -> list[str]:
-    return [] if 0 < f <= 1 else [f"{f} is outside (0, 1]; give a share of the train split"]
-
-
-def _trials(value, _) -> list[str]:
     try:
-        parse_trials([value])
-    except SystemExit as err:
-        return [str(err.code).partition(": ")[2]]
-    return []
+        return tuple(trial_count(v) for v in values)
+    except ValueError as err:
+        raise SystemExit(f"--trials: {err}") from None
 
 
-TASK = "your own task (use its NAME in --tasks)"
-TRAIN, RUN = "finetuning", "running"
-# Every experiment's options; each experiment adds its own (sweep.experiments).
-COMMON_OPTIONS = (
-    Option("--model", "hub name, local folder, or 'minilm' (the offline MiniLM package)", bad=("/no/such/model",)),
-    Option("--tasks", "GLUE names (sst2 cola qnli rte mrpc stsb wnli), squad_v2 (question answering), synthetic, or "
-           "a --task-file NAME", nargs="+", check=each(known_task), bad=("nope",)),
-    Option("--data-dir", "a local GLUE folder (SST-2/train.tsv, ...; for squad_v2 the official train-v2.0.json and "
-           "dev-v2.0.json); default: the hub", bad=("/no/such/folder",)),  # checked with the tasks (data_dir_problems)
-    Option("--task-file", "define task NAME from a folder holding a train and a dev file (.csv, .tsv, .jsonl or "
-           ".parquet), or from a hub dataset: NAME=hub:DATASET[:CONFIG]", nargs="+", metavar="NAME=DIR",
-           bad=("own=/no/such/folder",), group=TASK),  # checked with its columns (task_file_problems)
-    Option("--text-columns", "the text column, or two for a pair", nargs="+", metavar="COLUMN", bad=("a", "b", "c"),
-           group=TASK),
-    Option("--label-column", "class names (strings or integers), or numbers for regression", metavar="COLUMN",
-           bad=("label",), group=TASK),  # refused without --task-file
-    Option("--splits", "file names without suffix, or hub split names (default: train dev; hub: train validation)",
-           nargs=2, metavar=("TRAIN", "DEV"), bad=("train", "dev"), group=TASK),  # refused without --task-file
-    Option("--metric", "headline metric: accuracy, macro_f1, f1 (two classes), matthews_correlation, or pearson, "
-           "spearman (regression); default: accuracy for classes (macro_f1 reported too), pearson for numbers "
-           "(spearman too)", bad=("accuracy",), group=TASK),  # refused without --task-file
-    Option("--sizes", "training subset sizes", type=int, nargs="+", check=each(_sizes), bad=("0",)),
-    Option("--trials", "trials per size: N, or SIZE=N items (e.g. 500=50 3)", nargs="+", check=each(_trials),
-           bad=("0",)),
-    Option("--fractions", "subset sizes as fractions of each task's train split, in (0, 1] (e.g. 0.01 0.1 1.0); "
-           "replaces the preset's --sizes unless --sizes is given too", type=float, nargs="+", check=each(_fractions),
-           bad=("0",)),
-    Option("--seed", "base seed: trial i's subset and model seeds are drawn from (seed, i), so sweeps with different "
-           "--seed share no subset, weight draw or batch order (default 0)", type=int, default=0,
-           check=at_least(0), bad=("-1",)),
-    Option("--epochs", "default: 5 for subsets of <=500 examples, else 3", type=int, check=at_least(1), bad=("0",),
-           group=TRAIN),
-    Option("--lr", "learning rate (default 2e-5)", type=float, default=2e-5, check=positive, bad=("0",), group=TRAIN),
-    Option("--batch-size", "examples per step (default 8)", type=int, default=8, check=at_least(1), bad=("0",),
-           group=TRAIN),
-    Option("--max-length", f"tokens per sequence, at most the model's positions (default {DEFAULT_MAX_LENGTH}; "
-           f"{QA_MAX_LENGTH} when a task is squad_v2, whose contexts are split into windows of this length sharing "
-           "a third of it)", type=int, check=_max_length, bad=("100000",), group=TRAIN),
-    Option("--weight-decay", "AdamW weight decay (default 0)", type=float, default=0.0, check=non_negative,
-           bad=("-1",), group=TRAIN),
-    Option("--lr-schedule", "learning-rate schedule (default linear)", default="linear",
-           choices=("linear", "constant"), bad=("cosine",), group=TRAIN),
-    Option("--max-grad-norm", "clip each step's gradient to this global norm, as the paper's code (run_glue) did; "
-           "0: no clipping (default 1.0)", type=float, default=1.0, check=non_negative, bad=("-1",), group=TRAIN),
-    Option("--precision", "bf16: bfloat16 autocast; auto: bf16 when trials get a GPU, else fp32 (default auto)",
-           default="auto", choices=("auto", "fp32", "bf16"), bad=("fp16",), group=TRAIN),
-    Option("--eval-every", "evaluate the dev split every N epochs for per-epoch curves; 0: after the last epoch only, "
-           "as the paper reports (default 0)", type=int, default=0, metavar="N", check=at_least(0), bad=("-1",),
-           group=TRAIN),
-    Option("--reinit-mode", "intended: the paper's description; paper-code: the original code's quirks",
-           default="intended", choices=("intended", "paper-code"), bad=("nope",), group=TRAIN),
-    Option("--reinit-pooler", "also reinitialize the pooler", action="store_true", group=TRAIN),
-    Option("--gpus-per-trial", "a GPU share, e.g. 0.25; 0 = CPU", type=float, default=0.0, check=_gpus,
-           bad=("1.5",), group=RUN),
-    Option("--cpus-per-trial", "CPUs per trial (default 1)", type=float, default=1.0, check=positive, bad=("0",),
-           group=RUN),
-    Option("--address", "an existing Ray cluster (or 'auto'); default: start a local one",
-           bad=("127.0.0.1:1",), group=RUN),  # checked by connecting (address_problems)
-    Option("--storage", _storage_help(), default="./results", bad=("/dev/null/store",),
-           group=RUN),  # checked by writing (storage_problems; a dry run asks the file system)
-    Option("--name", "sweep name, a folder under --storage (default: the experiment)", check=_name, bad=("../x",),
-           group=RUN),
-    Option("--dry-run", "print the grid and run nothing", action="store_true", group=RUN),
-    Option("--resume", "continue the sweep's interrupted Tune experiment: unfinished trials go on from their last "
-           "checkpoints (default: finished trials are skipped, unfinished ones start over)", action="store_true",
-           group=RUN),
-    Option("--checkpoint-every", "checkpoint a trial (model, optimizer, progress) at the first epoch end at least "
-           f"SECONDS after its last checkpoint; 0: every epoch; off: never (default {CHECKPOINT_EVERY:g})",
-           type=lambda v: checkpoint_interval(v), default=CHECKPOINT_EVERY, metavar="SECONDS", bad=("-1",),
-           group=RUN),  # its type refuses what it cannot take
-    Option("--keep-checkpoints", "keep a finished trial's checkpoints (default: deleted once its row is written)",
-           action="store_true", group=RUN),
-    Option("--max-failures", "times a failed or preempted trial is restarted from its last checkpoint (default 2)",
-           type=lambda v: failure_count(v), default=2, metavar="N", bad=("-1",), group=RUN),
-    Option("--pack", "train up to N trials of the same task, size and schedule as one fused computation (one Tune "
-           "trial, resources scaled to it, one row per trial); 1: each trial alone, unfused; auto: on CPUs each trial "
-           "fused alone (the fused encoder is the faster there), on GPUs as many as fit in GPU memory; with "
-           "--checkpoint-every below its default, as 1 (packs keep no checkpoint) (default auto). Sequential "
-           "finetuning, searches and probing run unfused", type=parse_pack, default="auto", metavar="N|auto", bad=("0",), group=RUN),
-)
+def _argparse_type(option):
+    """The option's word reader, its ValueError shown by argparse as `argument --flag: why`."""
+    convert = option.type
 
-
-def options_of(experiment: str) -> tuple[Option, ...]:
-    return (*COMMON_OPTIONS, *EXPERIMENTS[experiment].options)
+    def read(word):
+        try:
+            return convert(word)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+    read.__name__ = getattr(convert, "__name__", "value")
+    return read
 
 
 def build_parser() -> argparse.ArgumentParser:
     """One sub-command per experiment, each with every experiment's options and its own (so that
-    `python -m sweep EXPERIMENT --help` lists what that experiment takes)."""
+    `python -m sweep EXPERIMENT --help` lists what that experiment takes). No option is read by an abbreviation
+    of its name, and no default is set here: what was given is told from what a preset or a declaration fills."""
     p = argparse.ArgumentParser(
-        prog="python -m sweep",
+        prog="python -m sweep", allow_abbrev=False,
         description="Partial-reinitialization finetuning sweeps on Ray Tune; one Parquet row per trial.",
-        epilog="`python -m sweep EXPERIMENT --help`: that experiment's options. `python -m sweep status [--storage "
-               "S] NAME`: what a sweep's store holds per cell and what a rerun would do, without starting Ray.",
+        epilog="`python -m sweep EXPERIMENT --help`: that experiment's options. `python -m sweep --config FILE`: a "
+               "sweep written in a YAML or TOML file (every sweep writes its own, resolved, as <storage>/<name>/"
+               f"{CONFIG_FILE}). `python -m sweep status [--storage S] NAME`: what a sweep's store holds per cell and "
+               "what a rerun would do, without starting Ray.",
     )
     experiments = p.add_subparsers(dest="experiment", metavar="experiment", required=True,
                                    help="which ablation grid to run: " + ", ".join(EXPERIMENTS))
     for name, experiment in EXPERIMENTS.items():
-        sub = experiments.add_parser(name, help=experiment.summary, description=experiment.summary)
-        sub.add_argument("--preset", choices=sorted(PRESETS), default="demo",
-                         help="fills every grid option you leave unset (default: demo, offline MiniLM on the "
-                              "built-in synthetic task; paper: the paper's grid on bert-base-uncased)")
+        sub = experiments.add_parser(name, help=experiment.summary, description=experiment.summary,
+                                     allow_abbrev=False, argument_default=argparse.SUPPRESS)
+        sub.add_argument("--config", metavar="FILE", help="read the settings from a YAML (.yaml) or TOML (.toml) "
+                         "file; options given here override it")
+        PRESET.add_to(sub)
         own = sub.add_argument_group(f"{name} options")
         for option in experiment.options:
-            option.add_to(own, parsed_default(option))
-        for title, options in parse_groups(COMMON_OPTIONS).items():
+            add(own, option)
+        groups = parse_groups([o for o in options_of(name) if o not in experiment.options])
+        for title, options in sorted(groups.items(), key=lambda group: group[0] != "grid"):  # the grid first
             group = sub.add_argument_group(title)
             for option in options:
-                option.add_to(group, parsed_default(option))
+                add(group, option)
     return p
 
 
-def preset_filled() -> set[str]:
-    """Options a preset may fill in: left unset by the parser, so that a preset can tell them from given."""
-    names = {name for preset in PRESETS.values() for name in preset}
-    names |= {name for e in EXPERIMENTS.values() for preset in e.presets.values() for name in preset}
-    return names | {"max_length"}  # its default depends on the tasks
+def add(group, option) -> None:
+    if option.type is not None and option.type not in (int, float, str):
+        option = dataclasses.replace(option, type=_argparse_type(option))
+    option.add_to(group)
 
 
-def parsed_default(option: Option):
-    return None if option.dest in preset_filled() else option.default
+def given_settings(args: argparse.Namespace) -> dict:
+    """The settings the command line gave, by name (everything not given is absent)."""
+    return {k: v for k, v in vars(args).items() if k not in ("experiment", "config", "preset")}
 
 
-def checkpoint_interval(value: str) -> float | None:
-    """--checkpoint-every: seconds >= 0, or 'off'."""
-    if value == "off":
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = -1.0
-    if not seconds >= 0:
-        raise argparse.ArgumentTypeError(f"'{value}' is not a number of seconds >= 0 (0: every epoch) or 'off'")
-    return seconds
-
-
-def failure_count(value: str) -> int:
-    """--max-failures: a whole number >= 0."""
-    if not value.isdigit():
-        raise argparse.ArgumentTypeError(f"'{value}' is not a whole number of restarts >= 0")
-    return int(value)
-
-
-def option_values(args) -> dict:
-    """The value in effect of every option of the experiment, by its dest: the command line's, else the
-    presets', else the option's default."""
-    preset = {**PRESETS[args.preset], **EXPERIMENTS[args.experiment].presets.get(args.preset, {})}
-    if args.model is not None and args.model != preset["model"]:
-        for name in ("k", "layers", "heads"):
-            preset.pop(name, None)  # a preset's layer and head picks are chosen for its own model
-    if any(getattr(args, name) is not None for name in ("model", "tasks", "sizes", "fractions")):
-        preset.pop("epochs", None)  # a preset's short schedule is chosen for its own model, task and size
-    if args.fractions is not None:
-        preset["sizes"] = []  # fractions replace the preset's sizes; --sizes adds to them
-    values = {}
-    for option in options_of(args.experiment):
-        given = getattr(args, option.dest)
-        values[option.dest] = preset.get(option.dest, option.default) if given is None else given
-    if values["max_length"] is None:
-        values["max_length"] = default_max_length([*values["tasks"], *(values.get("intermediate_tasks") or ())])
-    values["skip"] = preset.get("skip", frozenset())
-    return values
+def parse_command_line(argv: list[str]) -> Sweep:
+    """The Sweep a command line asks for: its --config file's settings, overridden by the options given."""
+    argv = list(argv)
+    if argv[:1] and argv[0].startswith("--config"):  # `python -m sweep --config FILE`: the file names it
+        path = argv[1] if argv[0] == "--config" and len(argv) > 1 else argv[0].partition("=")[2]
+        experiment, _, _ = read_config(path)
+        if experiment is None:
+            raise Refused([f"--config: {path} names no experiment; add `experiment: NAME` or give it first: "
+                           "python -m sweep EXPERIMENT --config FILE"])
+        argv = [experiment, *argv]
+    args = build_parser().parse_args(argv)
+    given, preset = {}, getattr(args, "preset", None)
+    if getattr(args, "config", None):
+        experiment, file_preset, given = read_config(args.config)
+        if experiment is not None and experiment != args.experiment:
+            raise Refused([f"--config: {args.config} is a '{experiment}' sweep; run it as python -m sweep "
+                           f"{experiment} --config {args.config}"])
+        preset = preset or file_preset
+    return resolve(args.experiment, {**given, **given_settings(args)}, preset)
 
 
 def settings_from_args(args) -> GridSettings:
-    values = option_values(args)
-    fields = {f.name for f in dataclasses.fields(GridSettings)}
-    chosen = {option.setting: values[option.dest] for option in options_of(args.experiment)
-              if option.setting in fields}
-    chosen = {name: tuple(v) if isinstance(v, list) else v for name, v in chosen.items()}
-    own = tuple((o.setting, tuple(values[o.dest]) if isinstance(values[o.dest], list) else values[o.dest])
-                for o in EXPERIMENTS[args.experiment].options if o.setting not in fields)
-    return GridSettings(**{
-        **chosen,
-        "own": own,
-        "trials": parse_trials(values["trials"]),
-        "data_dir": str(Path(args.data_dir).resolve()) if args.data_dir else None,
-        "skip": values["skip"],
-        "precision": resolve_precision(values["precision"], values["gpus_per_trial"]),
-        "probes": tuple(dict.fromkeys(values.get("probes") or PROBES.default)),
-        "fractions": tuple(values["fractions"] or ()),
-        "task_sources": task_sources(args),
-    })
+    """The grid a parsed command line (build_parser().parse_args) asks for."""
+    return resolve(args.experiment, given_settings(args), getattr(args, "preset", None)).grid
 
 
-def task_sources(args) -> tuple:
-    """The --task-file definitions; malformed ones are left to task_file_problems to report."""
-    from trainables.tasks import HUB_PREFIX, TaskSource
-
-    sources = []
-    for item in args.task_file or ():
-        name, _, location = item.partition("=")
-        if name and location:
-            location = location if location.startswith(HUB_PREFIX) else str(Path(location).expanduser().resolve())
-            sources.append(TaskSource(name, location, tuple(args.text_columns or ()), args.label_column or "",
-                                      tuple(args.splits) if args.splits else None, args.metric))
-    return tuple(sources)
-
-
-def task_file_problems(args) -> list[str]:
+def task_file_problems(sweep: Sweep) -> list[str]:
     from trainables.tasks import CLASS_METRICS, HUB_PREFIX, REGRESSION_METRICS, TASKS
 
-    if not args.task_file:
-        given = [(o, v) for o, v in (("--text-columns", args.text_columns), ("--label-column", args.label_column),
-                                     ("--splits", args.splits), ("--metric", args.metric)) if v]
-        return [f"{o}: only means something with --task-file NAME=DIR (given: {' '.join(v) if isinstance(v, list) else v})"
-                for o, v in given]
+    grid = sweep.grid
     problems = []
-    for item in args.task_file:
-        name, _, location = item.partition("=")
+    names = [s.name for s in grid.task_files]
+    for source in grid.task_files:
+        name, location = source.name, source.location
         if not name or not location:
-            problems.append(f"--task-file: '{item}' is not NAME=DIR or NAME=hub:DATASET[:CONFIG]")
+            problems.append(f"--task-file: '{name}={location}' is not NAME=DIR or NAME=hub:DATASET[:CONFIG]")
+            continue
+        if not all(c.isalnum() or c in "_.-" for c in name) or name.startswith("."):
+            problems.append(f"--task-file: '{name}' is not a task name: letters, digits, '_', '-' and '.' only (it "
+                            "names folders and trial ids)")
+        elif names.count(name) > 1:
+            problems.append(f"--task-file: task '{name}' is defined {names.count(name)} times; define it once")
         elif name in TASKS:
             problems.append(f"--task-file: '{name}' is a built-in task's name; choose another")
-        elif not location.startswith(HUB_PREFIX) and not Path(location).expanduser().is_dir():
+        elif name not in [*grid.tasks, *(grid.intermediate_tasks or ())]:
+            problems.append(f"--task-file: task '{name}' is not named in --tasks ({' '.join(grid.tasks)}); add it "
+                            "there, or leave its --task-file out")
+        if not location.startswith(HUB_PREFIX) and not Path(location).is_dir():
             problems.append(f"--task-file: '{location}' (task '{name}') is not a folder")
-    if not args.text_columns or len(args.text_columns) > 2:
-        problems.append(f"--text-columns: give one text column or two (a pair); got {len(args.text_columns or ())}")
-    if not args.label_column:
-        problems.append("--label-column: which column holds the labels; --task-file needs it")
-    if args.metric is not None and args.metric not in (*CLASS_METRICS, *REGRESSION_METRICS):
-        problems.append(f"--metric: '{args.metric}' is not one of {', '.join((*CLASS_METRICS, *REGRESSION_METRICS))}")
+        if not source.text_columns or len(source.text_columns) > 2:
+            problems.append(f"--text-columns: give one text column or two (a pair) for task '{name}'; got "
+                            f"{len(source.text_columns)} ({' '.join(source.text_columns)})")
+        elif len(set(source.text_columns)) < len(source.text_columns):
+            problems.append(f"--text-columns: '{source.text_columns[0]}' is given twice for task '{name}'; a pair "
+                            "is two different columns")
+        if not source.label_column:
+            problems.append(f"--label-column: which column holds the labels of task '{name}'; --task-file needs it "
+                            f"(--label-column C, or {name}=DIR,label=C)")
+        if source.splits and source.splits[0] == source.splits[1]:
+            problems.append(f"--splits: '{source.splits[0]}' for both train and dev (task '{name}'); the dev split "
+                            "must be another file or split")
+        if source.metric is not None and source.metric not in (*CLASS_METRICS, *REGRESSION_METRICS):
+            problems.append(f"--metric: '{source.metric}' is not one of {', '.join((*CLASS_METRICS, *REGRESSION_METRICS))}")
     return problems
 
 
-def default_max_length(tasks) -> int:
-    from trainables.tasks import SQUAD_V2
-
-    return QA_MAX_LENGTH if SQUAD_V2 in tasks else DEFAULT_MAX_LENGTH
-
-
-def resolve_precision(precision: str, gpus_per_trial: float) -> str:
-    """`auto`: bf16 where trials get a GPU (tensor cores; the Trainer's usual choice there), fp32 on CPUs,
-    where bf16 autocast is faster only on CPUs with bf16 instructions and the paper's numbers are fp32."""
-    if precision != "auto":
-        return precision
-    return "bf16" if gpus_per_trial > 0 else "fp32"
+def estimated_trials(sweep: Sweep, limits: Limits) -> int:
+    """The grid's size without listing it: its cells times the trials one cell holds."""
+    grid = sweep.grid
+    sizes = {task: grid.sizes_for(task) for task in grid.tasks}
+    cells = sum(grid.trials_for(size) for task in grid.tasks for size in sizes[task] if (task, size) not in grid.skip)
+    if not cells:
+        return 0
+    task = next(t for t in grid.tasks if sizes[t])
+    one = dataclasses.replace(grid, tasks=(task,), sizes=sizes[task][:1], fractions=(), trials=((0, 1),), skip=())
+    return cells * len(EXPERIMENTS[sweep.experiment].build(one, limits.num_layers, limits.num_heads))
 
 
-def validate(settings: GridSettings, args, limits: Limits) -> list[str]:
+def validate(sweep: Sweep, limits: Limits) -> list[str]:
     """Every problem with the request, each naming the option, the value and what is allowed."""
-    problems = task_file_problems(args)
-    values = option_values(args)
-    for option in options_of(args.experiment):
-        problems += option.problems(values[option.dest], limits)
-    if not settings.sizes and not settings.fractions:
+    grid = sweep.grid
+    problems = task_file_problems(sweep)
+    for option in options_of(sweep.experiment):
+        problems += option.problems(sweep.value(option), limits)
+    if not grid.sizes and not grid.fractions:
         problems.append("--sizes: no subset size given; give --sizes or --fractions")
-    check = EXPERIMENTS[args.experiment].problems
-    problems += check(settings, limits) if check else []
+    check = EXPERIMENTS[sweep.experiment].problems
+    problems += check(grid, limits) if check else []
     # The folder as the user typed it: resolved, a path through a symbolic link would read as another one.
-    problems += data_dir_problems(args.data_dir, [*settings.tasks, *(settings.intermediate_tasks or ())])
+    problems += data_dir_problems(grid.data_dir, [*grid.tasks, *(grid.intermediate_tasks or ())])
+    problems += logger_problems(sweep.run.logger)
     return problems
 
 
-def environment_problems(args, dry_run: bool) -> list[str]:
+def logger_problems(loggers) -> list[str]:
+    import importlib.util
+
+    return [f"--logger: {name} needs the {name} package, which is not installed: pip install "
+            f"'reinit-sweep[trackers]' (or pip install {name})" for name in loggers or ()
+            if importlib.util.find_spec(name) is None]
+
+
+def environment_problems(sweep: Sweep, dry_run: bool) -> list[str]:
     """Whether the storage can be written, the cluster answers and asked-for GPUs exist. A dry run writes
     nothing: it asks the file system instead of writing a probe, and counts this machine's GPUs when no
     cluster is named (a cluster's are known once Ray connects)."""
-    problems = address_problems(args.address)
-    problems += storage_access_problems(args.storage) if dry_run else storage_problems(args.storage)
-    if dry_run and args.address in (None, "", "local"):
-        problems += gpu_problems(args.gpus_per_trial or 0.0, {"GPU": local_gpus()})
+    run = sweep.run
+    problems = address_problems(run.address)
+    if storage_shape_problems(run.storage):
+        return problems  # refused already (validate): a store that cannot be named is not asked
+    problems += storage_access_problems(run.storage) if dry_run else storage_problems(run.storage)
+    if dry_run and run.address in (None, "", "local"):
+        problems += gpu_problems(run.gpus_per_trial or 0.0, {"GPU": local_gpus()})
     return problems
+
+
+def storage_shape_problems(storage: str) -> list[str]:
+    from sweep.config import RUN
+
+    return next(o for o in RUN if o.name == "storage").problems(storage, Limits())
 
 
 def local_gpus() -> int:
@@ -430,10 +285,101 @@ def describe_grid(specs: list[TrialSpec]) -> str:
     return "\n".join(lines)
 
 
+def shown(value) -> str:
+    if isinstance(value, (tuple, list)):
+        return " ".join(map(str, value)) if value else "-"
+    return "all" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def describe_settings(sweep: Sweep, specs: list[TrialSpec]) -> str:
+    """What runs: the preset in force and what it filled, and the resolved settings that shape the trials."""
+    grid, lines = sweep.grid, []
+    written = {o.name: o for o in options_of(sweep.experiment)}
+    filled = ", ".join(f"{flag_of(n)} {shown(written[n].written(getattr(sweep, n)))}" for n in sweep.filled)
+    lines.append(f"preset {sweep.preset}: " + (f"filled {filled}" if filled else "filled nothing")
+                 + (f"; its picks {', '.join(flag_of(n) for n in sweep.dropped)} are left out (you named what to "
+                    "run on), declared defaults instead" if sweep.dropped else ""))
+    own = [f"{o.flag} {shown(getattr(grid, o.name))}" for o in EXPERIMENTS[sweep.experiment].options]
+    epochs = sorted({s.epochs for s in specs})
+    rule = "" if grid.epochs else " (5 up to 500 examples, else 3)"
+    lines.append("settings: " + " · ".join([
+        *own, f"--trials {' '.join(trial_word(p) for p in grid.trials)}",
+        f"--epochs {' '.join(map(str, epochs)) or '-'}{rule}", f"--lr {grid.lr:g}", f"--batch-size {grid.batch_size}",
+        f"--max-length {grid.max_length}", f"--precision {grid.precision}", f"--pack {sweep.run.pack}",
+        f"--seed {grid.seed}"]))
+    return "\n".join(lines)
+
+
 def load_raw_tasks(settings: GridSettings, tasks) -> dict:
     from trainables.tasks import load_task
 
     return {task: load_task(task, settings.data_dir, sources=settings.sources) for task in tasks}
+
+
+def local_tasks(settings: GridSettings, tasks) -> list[str]:
+    """The tasks whose data is on this machine (files, the built-in task): read whole in a dry run too."""
+    from trainables.tasks import SYNTHETIC
+
+    return [t for t in tasks if t in settings.sources and not settings.sources[t].is_hub
+            or (settings.data_dir is not None and t not in settings.sources and t != SYNTHETIC)]
+
+
+def load_data(sweep: Sweep, tasks: list[str], dry_run: bool) -> dict:
+    """Every task's raw data, read whole before Ray starts, so that a problem in it (a label the task does not
+    have, an answer outside its context, a file that does not parse) stops the sweep with one line naming the
+    file and line. A dry run reads the local files only; the hub is not asked then."""
+    settings = sweep.grid
+    wanted = local_tasks(settings, tasks) if dry_run else list(tasks)
+    hub = [t for t in wanted if t not in local_tasks(settings, tasks) and t != "synthetic"]
+    if hub and not hub_offline() and not hub_answers():
+        raise Refused([f"--tasks: {', '.join(hub)} come from the Hugging Face hub, which does not answer from this "
+                       "machine; give --data-dir with a local GLUE folder (or SQuAD's files), --task-file for your "
+                       "own, or HF_DATASETS_OFFLINE=1 to use what the datasets cache holds"])
+    try:
+        return load_raw_tasks(settings, wanted)
+    except (OSError, ValueError) as err:
+        hub = [t for t in wanted if t not in local_tasks(settings, tasks) and t != "synthetic"]
+        if hub and is_unreachable(err):
+            raise Refused([f"--tasks: {', '.join(hub)} come from the Hugging Face hub, which cannot be reached "
+                           f"({type(err).__name__}: {str(err)[:200]}); give --data-dir with a local GLUE folder "
+                           "(or SQuAD's files), or --task-file for your own"]) from None
+        raise Refused([str(err)]) from None
+
+
+def hub_offline() -> bool:
+    return any(os.environ.get(v, "").lower() in ("1", "true", "yes") for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+
+
+def hub_answers(timeout: float = 5.0) -> bool:
+    """Whether the hub's host takes a connection: asked once, quickly, before `datasets` retries for a minute."""
+    import socket
+    from urllib.parse import urlsplit
+
+    endpoint = urlsplit(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    try:
+        with socket.create_connection((endpoint.hostname, endpoint.port or (443 if endpoint.scheme == "https" else 80)),
+                                      timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def is_unreachable(err: Exception) -> bool:
+    text = f"{type(err).__name__} {err}".lower()
+    return any(word in text for word in ("connection", "offline", "resolve", "timed out", "network", "couldn't reach",
+                                         "hub", "internet"))
+
+
+def size_problems(settings: GridSettings, raw: dict) -> list[str]:
+    """--sizes beyond a task's train split, from the data read (or GLUE's known split sizes in a dry run)."""
+    split = {**{t: KNOWN_TRAIN_SIZES[t] for t in settings.tasks if t in KNOWN_TRAIN_SIZES and not settings.data_dir},
+             **{t: len(d.train) for t, d in raw.items()}}
+    problems = []
+    for task in settings.tasks:
+        largest = max((s for s in settings.sizes if (task, s) not in settings.skip), default=0)
+        if task in split and largest > split[task]:
+            problems.append(f"--sizes: {largest} is larger than the {task} train split ({split[task]:,} examples)")
+    return problems
 
 
 def prepare_data(settings: GridSettings, specs: list[TrialSpec], raw: dict | None = None) -> dict:
@@ -444,10 +390,11 @@ def prepare_data(settings: GridSettings, specs: list[TrialSpec], raw: dict | Non
     from trainables.qa import tokenize_qa_task
     from trainables.tasks import SQUAD_V2
 
-    needed = {}  # task -> the largest subset any trial draws from it
+    needed, lengths = {}, {}  # task -> the largest subset any trial draws from it, and its trials' lengths
     for spec in specs:
         for task in spec.tasks:
             needed[task] = max(needed.get(task, 0), spec.train_size)
+            lengths.setdefault(task, set()).add(spec.max_length)  # as the trials resolved it
     raw = {**load_raw_tasks(settings, [t for t in needed if t not in (raw or {})]), **(raw or {})}
     for task, size in needed.items():
         if size > len(raw[task].train):
@@ -455,13 +402,29 @@ def prepare_data(settings: GridSettings, specs: list[TrialSpec], raw: dict | Non
     tokenizer = load_tokenizer(settings.model)
     cache = tokenized_cache()
 
-    def tokenize(task):  # question answering has its own windows (trainables.qa), not cached
+    def tokenize(task, length):  # question answering has its own windows (trainables.qa), not cached
         if task == SQUAD_V2:
-            return tokenize_qa_task(raw[task], tokenizer, settings.model, settings.max_length)
-        return tokenize_task(raw[task], tokenizer, settings.model, settings.max_length, cache)
+            return tokenize_qa_task(raw[task], tokenizer, settings.model, length)
+        return tokenize_task(raw[task], tokenizer, settings.model, length, cache)
 
-    return {data_key(task, settings.max_length): tokenize(task)
-            for task in needed}
+    return {data_key(task, length): tokenize(task, length) for task in needed for length in sorted(lengths[task])}
+
+
+def window_problems(settings: GridSettings, raw: dict) -> list[str]:
+    """Question answering: the longest question and the window's stride must leave room for context."""
+    from trainables.qa import window_room_problem
+    from trainables.tasks import SQUAD_V2
+
+    if SQUAD_V2 not in raw:
+        return []
+    from trainables.models import load_tokenizer
+
+    try:
+        tokenizer = load_tokenizer(settings.model)
+    except (OSError, ValueError):
+        return []  # a model it cannot load is refused on its own
+    problem = window_room_problem(raw[SQUAD_V2], tokenizer, settings.max_length)
+    return [problem] if problem else []
 
 
 def tokenized_cache() -> Path:
@@ -476,88 +439,144 @@ def refuse(problems: list[str]) -> int:
     return 2
 
 
+@dataclasses.dataclass(frozen=True)
+class Planned:
+    """What a sweep will do: its trials, what is left to run, and how the end is reported."""
+
+    specs: list
+    todo: list
+    rows: list  # every planned row (TrialSpec.row(), or a search's)
+    rerun_skips: tuple
+    table: object
+    note: str
+    raw: dict | None
+    pretrained: object = None  # the model's weights, loaded to fingerprint them (None in a dry run)
+
+
+def plan(sweep: Sweep, dry_run: bool) -> Planned:
+    """Everything checked and the grid built, before Ray starts; raises Refused."""
+    experiment, grid = EXPERIMENTS[sweep.experiment], sweep.grid
+    try:
+        limits = model_limits(grid.model, dry_run)
+    except (OSError, ValueError) as err:  # no such folder, no safetensors weights, no hub to reach
+        hint = ("; the hub does not answer: give a local folder with safetensors weights, or --model minilm (offline)"
+                if is_unreachable(err) else "")
+        raise Refused([f"--model: '{grid.model}' cannot be loaded: {str(err).splitlines()[0]}{hint}"]) from None
+    problems = family_problems(limits, sweep.experiment, grid)
+    if problems:
+        raise Refused(problems)
+    from trainables.models import FAMILIES
+    from trainables.tasks import TASKS
+
+    limits = dataclasses.replace(limits, known_tasks=(*sorted(TASKS), *grid.sources),
+                                 has_pooler=FAMILIES[limits.model_type].pooler is not None)
+    problems = validate(sweep, limits) + environment_problems(sweep, dry_run)
+    if problems:
+        raise Refused(problems)
+    tasks = list(dict.fromkeys([*grid.tasks, *(grid.intermediate_tasks or ())]))
+    raw = load_data(sweep, tasks, dry_run)
+    problems = size_problems(grid, raw) + window_problems(grid, raw)
+    if problems:
+        raise Refused(problems)
+    if grid.fractions:  # sizes from fractions need each task's train split size
+        if dry_run and grid.data_dir is None and set(tasks) - set(raw) <= KNOWN_TRAIN_SIZES.keys():
+            splits = {**{t: KNOWN_TRAIN_SIZES[t] for t in tasks if t not in raw}, **{t: len(d.train) for t, d in raw.items()}}
+        else:
+            raw = {**load_raw_tasks(grid, [t for t in tasks if t not in raw]), **raw}
+            splits = {task: len(data.train) for task, data in raw.items()}
+        grid = dataclasses.replace(grid, train_split_sizes=tuple((t, splits[t]) for t in tasks if t in splits))
+        sweep = dataclasses.replace(sweep, grid=grid)
+    count = estimated_trials(sweep, limits)
+    if count > MAX_TRIALS:
+        raise Refused([f"--trials: {' '.join(map(trial_word, grid.trials))} make a grid of {count:,} trials; "
+                       f"one sweep plans at most {MAX_TRIALS:,} (split it into several --name)"])
+    pretrained = None
+    if not dry_run:  # what the trials will read, loaded once: its fingerprints are part of every trial id
+        print(f"loading {grid.model}", flush=True)
+        try:
+            pretrained = buildable(grid.model)
+        except (OSError, ValueError) as err:
+            raise Refused([f"--model: '{grid.model}' cannot be built: {err}"]) from None
+        raw = {**load_raw_tasks(grid, [t for t in tasks if t not in raw]), **raw}
+        grid = with_fingerprints(grid, {t: raw[t] for t in tasks}, pretrained)
+        sweep = dataclasses.replace(sweep, grid=grid)
+    specs = experiment.build(grid, limits.num_layers, limits.num_heads)
+    folder = rows_dir(sweep.run.storage, sweep.name)
+    lines = []
+    if not dry_run:
+        specs, lines = reconcile(specs, stored_fingerprints(folder))
+    plan_function = experiment.plan_function() or plan_trials
+    todo, planned, rerun_skips, table, note = plan_function(specs, folder, sweep, read=not dry_run)
+    note = "\n".join(line for line in [note, *lines] if line)
+    return Planned(specs, todo, planned, tuple(rerun_skips), table, note, raw or None, pretrained), sweep, limits
+
+
+def execute(sweep: Sweep, *, argv: list[str] | None = None, callbacks=(), dry_run: bool | None = None):
+    """Run a resolved sweep: check everything, print the resolved grid, record the plan and the config, run
+    what is not done on Ray, print the summary. Returns (the grid's rows as a DataFrame, what the runner
+    returned: Tune's ResultGrid, or None when nothing ran, the exit code). Raises Refused."""
+    dry_run = sweep.run.dry_run if dry_run is None else dry_run
+    if dry_run:
+        return planned_and_run(sweep, argv, callbacks, dry_run=True)
+    # One writer at a time: a second command for this sweep waits, then plans from the rows the first left.
+    command = "python -m sweep " + (shlex.join(argv) if argv else f"--config {config_path(sweep)}")
+    with contextlib.ExitStack() as held:
+        try:
+            held.enter_context(sweep_lock(sweep_dir(sweep.run.storage, sweep.name), command))
+        except OSError as err:  # a full disk or no permission, met by the lock's first write
+            raise Refused([cannot_write(sweep, err)]) from None
+        return planned_and_run(sweep, argv, callbacks, dry_run=False)
+
+
+def cannot_write(sweep: Sweep, err: OSError) -> str:
+    return (f"--storage: cannot write under {sweep_dir(sweep.run.storage, sweep.name)} ({err}); make room there or "
+            "give another --storage")
+
+
+def planned_and_run(sweep: Sweep, argv, callbacks, dry_run: bool):
+    import pandas as pd
+
+    planned, sweep, limits = plan(sweep, dry_run)
+    folder = rows_dir(sweep.run.storage, sweep.name)
+    print(f"{sweep.experiment}: {sweep.grid.model} ({limits.num_layers} layers), storage {sweep.run.storage}/{sweep.name}")
+    print(describe_settings(sweep, planned.specs))
+    print(describe_grid(planned.specs))
+    if planned.note:
+        print(planned.note)
+    if dry_run:
+        return pd.DataFrame(planned.rows), None, 0
+    try:
+        record_plan(sweep_dir(sweep.run.storage, sweep.name), argv or ["--config", str(config_path(sweep))],
+                    sweep.experiment, planned.rows, planned.rerun_skips)
+        write_config(sweep, sweep_dir(sweep.run.storage, sweep.name))
+    except OSError as err:
+        raise Refused([cannot_write(sweep, err)]) from None
+    todo = planned.todo
+    print(f"{len(planned.specs) - len(todo)} already done, {len(todo)} to run")
+    results = None
+    if todo:
+        extra = {"callbacks": list(callbacks)} if callbacks else {}
+        results = run(todo, sweep.grid, sweep, folder, planned.pretrained, planned.raw, **extra)
+    rows, code = report(folder, {row["trial_id"] for row in planned.rows}, planned.table)
+    return rows, results, code
+
+
+def config_path(sweep: Sweep):
+    from sweep.store import join
+
+    return join(sweep_dir(sweep.run.storage, sweep.name), CONFIG_FILE)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["status"]:
         return status_main(argv[1:])
-    args = build_parser().parse_args(argv)
-    experiment = EXPERIMENTS[args.experiment]
     try:
-        settings = settings_from_args(args)
-    except SystemExit as err:  # --trials it cannot read
-        return refuse([str(err.code)])
-    try:
-        limits = model_limits(settings.model, args.dry_run)
-    except (OSError, ValueError) as err:  # no such folder, no safetensors weights, no hub to reach
-        return refuse([f"--model: '{settings.model}' cannot be loaded: {err}"])
-    problems = family_problems(limits, args.experiment, settings)
-    if problems:
-        return refuse(problems)
-    from trainables.models import FAMILIES
-    from trainables.tasks import TASKS
-
-    limits = dataclasses.replace(limits, known_tasks=(*sorted(TASKS), *settings.sources),
-                                 has_pooler=FAMILIES[limits.model_type].pooler is not None)
-    problems = validate(settings, args, limits) + environment_problems(args, args.dry_run)
-    if problems:
-        return refuse(problems)
-    tasks = list(dict.fromkeys([*settings.tasks, *(settings.intermediate_tasks or ())]))
-    try:  # the user's files are read whole, and every problem in them reported, before any work
-        raw = load_raw_tasks(settings, [t for t in tasks if t in settings.sources]) or None
-    except (OSError, ValueError) as err:
-        return refuse([str(err)])
-    if settings.fractions and args.dry_run and settings.data_dir is None and set(tasks) <= KNOWN_TRAIN_SIZES.keys():
-        settings = dataclasses.replace(settings, train_split_sizes=tuple((t, KNOWN_TRAIN_SIZES[t]) for t in tasks))
-    elif settings.fractions:  # sizes from fractions need each task's train split size
-        raw = {**load_raw_tasks(settings, [t for t in tasks if t not in (raw or {})]), **(raw or {})}
-        settings = dataclasses.replace(
-            settings, train_split_sizes=tuple((task, len(data.train)) for task, data in raw.items()))
-    pretrained = None
-    if not args.dry_run:  # what the trials will read, loaded once: its fingerprints are part of every trial id
-        try:
-            raw = {**load_raw_tasks(settings, [t for t in tasks if t not in (raw or {})]), **(raw or {})}
-        except (OSError, ValueError) as err:
-            return refuse([str(err)])
-        print(f"loading {settings.model}", flush=True)
-        try:
-            pretrained = buildable(settings.model)
-        except (OSError, ValueError) as err:
-            return refuse([f"--model: '{settings.model}' cannot be built: {err}"])
-        settings = with_fingerprints(settings, raw, pretrained)
-    specs = experiment.build(settings, limits.num_layers, limits.num_heads)
-    name = args.name or args.experiment
-    folder = rows_dir(args.storage, name)
-    # One writer at a time: a second command for this sweep waits, then plans from the rows the first left.
-    writing = contextlib.nullcontext() if args.dry_run else \
-        sweep_lock(sweep_dir(args.storage, name), "python -m sweep " + shlex.join(argv))
-    with contextlib.ExitStack() as held:
-        try:
-            held.enter_context(writing)
-        except OSError as err:  # a full disk or no permission, met by the lock's first write
-            return refuse([f"--storage: cannot write under {sweep_dir(args.storage, name)} ({err}); make room "
-                           "there or give another --storage"])
-        lines = []
-        if not args.dry_run:
-            specs, lines = reconcile(specs, stored_fingerprints(folder))
-        plan = experiment.plan_function() or plan_trials
-        todo, planned, rerun_skips, table, note = plan(specs, folder, args, read=not args.dry_run)
-        print(f"{args.experiment}: {settings.model} ({limits.num_layers} layers), storage {args.storage}/{name}")
-        print(describe_grid(specs))
-        for line in [note, *lines]:
-            if line:
-                print(line)
-        if args.dry_run:
-            return 0
-
-        try:
-            record_plan(sweep_dir(args.storage, name), argv, args.experiment, planned, rerun_skips)
-        except OSError as err:
-            return refuse([f"--storage: cannot write under {sweep_dir(args.storage, name)} ({err}); make room there "
-                           "or give another --storage"])
-        print(f"{len(specs) - len(todo)} already done, {len(todo)} to run")
-        if todo:
-            run(todo, settings, args, folder, pretrained, raw)
-        return report(folder, {row["trial_id"] for row in planned}, table)
+        sweep = parse_command_line(argv)
+        _, _, code = execute(sweep, argv=argv)
+    except Refused as err:
+        return refuse(err.problems)
+    return code
 
 
 def plan_trials(specs: list[TrialSpec], folder, options, read: bool = True):
@@ -567,59 +586,95 @@ def plan_trials(specs: list[TrialSpec], folder, options, read: bool = True):
     return [s for s in specs if s.trial_id not in done], [s.row() for s in specs], FINISHED, None, ""
 
 
-def run(todo: list[TrialSpec], settings: GridSettings, args, folder: Path, pretrained, raw: dict | None = None) -> None:
+def quiet_ray_logs() -> None:
+    """Ray's token-authentication banner (Ray 2.60 turns token auth on for a local ray.init and says so at
+    WARNING) is not the sweep's business: auth stays on, the line goes."""
+    import logging
+
+    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
+
+
+def run(todo: list[TrialSpec], settings: GridSettings, options: Sweep, folder: Path, pretrained, raw: dict | None = None,
+        callbacks=()):
+    """Start (or join) Ray, tokenize, and hand the trials to the experiment's runner; returns what it returns."""
     import ray
 
+    run_settings = options.run
     owns_ray = not ray.is_initialized()
     if owns_ray:
-        print(f"starting Ray ({'at ' + args.address if args.address else 'on this machine'})", flush=True)
+        print(f"starting Ray ({'at ' + run_settings.address if run_settings.address else 'on this machine'})", flush=True)
+        quiet_ray_logs()
         # Trials find tasks and weights in the object store, so workers need no path of the driver's.
         try:
-            ray.init(address=args.address, include_dashboard=False, configure_logging=False,
+            ray.init(address=run_settings.address, include_dashboard=False, configure_logging=False,
                      runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
         except ConnectionError as err:  # `--address auto` with no cluster running
-            raise SystemExit(cannot_start([f"--address: {err}"])) from err
+            raise Refused([f"--address: {err}"]) from None
     try:
-        problems = gpu_problems(args.gpus_per_trial, ray.cluster_resources())
+        problems = gpu_problems(run_settings.gpus_per_trial, ray.cluster_resources())
         if problems:
-            raise SystemExit(cannot_start(problems))
+            raise Refused(problems)
         started = time.perf_counter()
         tasks = ", ".join(sorted({task for spec in todo for task in spec.tasks}))
         print(f"preparing {len(todo)} trials: loading and tokenizing {tasks}", flush=True)
         try:
             data = prepare_data(settings, todo, raw)
         except (OSError, ValueError) as err:  # a malformed file
-            raise SystemExit(f"cannot start the sweep: {err}") from err
+            raise Refused([str(err)]) from None
         print(f"data and weights ready in {time.perf_counter() - started:.1f}s; trials start now\n"
               f"TensorBoard (per-epoch curves of every trial): tensorboard --logdir {parent(folder)}", flush=True)
-        EXPERIMENTS[args.experiment].run_function()(
+        from sweep.trackers import tracker_callbacks
+
+        extra = {"callbacks": [*tracker_callbacks(options), *callbacks]}
+        if not extra["callbacks"]:
+            extra = {}
+        returned = EXPERIMENTS[options.experiment].run_function()(
             todo,
             data=data,
             pretrained={settings.model: pretrained},
             folder=folder,
             tune_dir=parent(folder),
-            cpus_per_trial=args.cpus_per_trial,
-            gpus_per_trial=args.gpus_per_trial,
-            options=args,
+            cpus_per_trial=run_settings.cpus_per_trial,
+            gpus_per_trial=run_settings.gpus_per_trial,
+            options=options,
+            **extra,
         )
+        # run_trials and run_probing return (Tune's ResultGrid, the trial ids written); searches their cells.
+        return returned[0] if isinstance(returned, tuple) else returned
     finally:
         if owns_ray:
             ray.shutdown()  # before the interpreter exits, so workers stop quietly instead of by SIGTERM
 
 
-def report(folder: Path, grid_ids: set[str], table=None) -> int:
-    """Counts the rows of `grid_ids` and prints `table` of them (default: the per-condition summary)."""
+def report(folder: Path, grid_ids: set[str], table=None):
+    """Counts the rows of `grid_ids` and prints `table` of them (default: the per-condition summary); returns
+    (the rows, the exit code)."""
     from trialrows.read import read_results
     from trialrows.summaries import condition_table
 
     rows = read_results(folder)
-    rows = rows[rows["trial_id"].isin(grid_ids)]
+    rows = rows[rows["trial_id"].isin(grid_ids)] if len(rows) else rows
     statuses = rows["status"].value_counts().to_dict() if len(rows) else {}
     print(f"\nresults: {folder} ({len(rows)} of {len(grid_ids)} trials; {statuses})")
     if len(rows):
         print((table or condition_table)(rows).to_string(index=False, float_format=lambda x: f"{x:.4f}"))
-    return 0 if len(rows) == len(grid_ids) and statuses.get("error", 0) == 0 else 1
+    return rows, 0 if len(rows) == len(grid_ids) and statuses.get("error", 0) == 0 else 1
+
+
+def entry() -> None:
+    """The `reinit-sweep` console script: `python -m sweep`'s twin."""
+    quiet_console()
+    sys.exit(main())
+
+
+def quiet_console() -> None:
+    # Before Ray is imported (it reads these once): progress lines of different trials differ only in numbers
+    # and ids, which Ray's log deduplication masks, so it would fold them into "[repeated Nx]"; Tune's legacy
+    # console output prints nothing at verbose=0, where the new one prints a configuration box and a TensorBoard
+    # command into Ray's session folder (none of our trials' events). The sweep shows its own progress.
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

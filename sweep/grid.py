@@ -6,10 +6,14 @@ import hashlib
 import json
 
 from trainables.ablations import Reinit, ablation_to_dict
+from trialrows.recipe import NOT_IDENTITY as RECIPE_NOT_IDENTITY
+from trialrows.recipe import Recipe
 
 
-@dataclasses.dataclass(frozen=True)
-class TrialSpec:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrialSpec(Recipe):
+    """A trial: its recipe (every training setting, declared in trialrows.recipe) and what else defines it."""
+
     experiment: str
     task: str
     model: str
@@ -19,16 +23,7 @@ class TrialSpec:
     subset_seed: int
     seed: int
     ablation: Reinit
-    epochs: int
-    lr: float
-    batch_size: int
-    max_length: int
-    weight_decay: float
-    lr_schedule: str
-    max_grad_norm: float = 1.0  # 0: no clipping
-    precision: str = "fp32"
     recipe_version: int = 2  # trainables.finetune.RECIPE_VERSION: trials of another recipe are other trials
-    eval_every: int = 0  # how often the dev split is evaluated: changes no number a trial computes, so no identity
     k: int | None = None  # incremental experiments: layers 1..k kept
     # Fields added after the first sweeps ran: they join a trial's identity only when set, so the ids of
     # trials that do not use them stay what they were.
@@ -82,16 +77,8 @@ class TrialSpec:
             "seed": self.seed,
             "k": self.k,
             **self.ablation.columns(),  # reinit_layers, reinit_mode, keep_layernorm, reinit_pooler, ...
-            "epochs": self.epochs,
-            "lr": self.lr,
-            "batch_size": self.batch_size,
-            "max_length": self.max_length,
-            "weight_decay": self.weight_decay,
-            "lr_schedule": self.lr_schedule,
-            "max_grad_norm": self.max_grad_norm,
-            "precision": self.precision,
+            **self.recipe(),  # epochs, lr, batch_size, max_length, ... (trialrows.recipe)
             "recipe_version": self.recipe_version,
-            "eval_every": self.eval_every,
         }
         if self.lr_multiplier is not None:
             row["lr_multiplier"] = self.lr_multiplier
@@ -110,19 +97,12 @@ class TrialSpec:
                 data_key(self.intermediate_task, self.max_length) if self.intermediate_task else None
             ),
             "model_key": self.model,
-            "finetune": {
+            "finetune": {  # trainables.finetune.FinetuneConfig's fields
                 "task": self.task,
                 "train_size": self.train_size,
                 "subset_seed": self.subset_seed,
                 "seed": self.seed,
-                "epochs": self.epochs,
-                "lr": self.lr,
-                "batch_size": self.batch_size,
-                "weight_decay": self.weight_decay,
-                "lr_schedule": self.lr_schedule,
-                "max_grad_norm": self.max_grad_norm,
-                "eval_every": self.eval_every,
-                "precision": self.precision,
+                **self.recipe(),
             },
             "ablation": ablation_to_dict(self.ablation),
             "row": self.row(),
@@ -140,8 +120,9 @@ class TrialSpec:
 
 
 OPTIONAL_IDENTITY = ("lr_multiplier", "intermediate_task", "own_columns", "data_fingerprint", "model_fingerprint")
-# The ablation joins as its dict; eval_every changes no number; row_fields only shows fields.
-NOT_IDENTITY = ("ablation", "eval_every", "row_fields")
+# The ablation joins as its dict; row_fields only shows fields; the recipe's settings that change no number
+# (eval_every) are declared so there.
+NOT_IDENTITY = ("ablation", "row_fields", *RECIPE_NOT_IDENTITY)
 
 
 def data_key(task: str, max_length: int) -> str:

@@ -105,6 +105,7 @@ def run_probing(
     gpus_per_trial: float,
     options=None,
     verbose: int = 0,
+    callbacks=(),
 ):
     """Run the probing specs as one Tune trial per training subset; returns (Tune ResultGrid, the trial_ids
     of the rows written). Rows land in `folder` as each probe finishes."""
@@ -121,5 +122,5 @@ def run_probing(
     )
     writer = ProbeRowWriter(folder, len(specs))
     tuner = make_tuner(trainable, param_space={"trial": tune.grid_search(groups)}, name=experiment_name(),
-                       storage_path=tune_dir, callbacks=[writer], max_failures=0, verbose=verbose)
+                       storage_path=tune_dir, callbacks=[writer, *callbacks], max_failures=0, verbose=verbose)
     return fit(tuner, tune_dir), writer.written

@@ -8,17 +8,12 @@ from pathlib import Path
 
 from ray.tune import Callback
 
+from sweep.config import CHECKPOINT_EVERY, Refused, RunSettings
 from sweep.grid import TrialSpec
 from sweep.packs import group_into_packs, pack_resources, resolve_pack
 from sweep.store import write_row
 from trainables.rows import ended_rows, make_row
 
-# Seconds between two epoch-end checkpoints of a trial. A BERT-base checkpoint (weights and Adam moments,
-# 1.3 GB) took 3.65 s to a local disk here, more to a bucket: after every epoch that is 16% of a 500-example
-# trial, while at most one per 15 minutes stays under 1% of any trial, and a lost machine costs at most ~15
-# minutes of each of its trials. The paper's 500- and 5k-example trials finish before their first checkpoint
-# is due: they simply start over. docs/benchmarks.md, "Checkpoints".
-CHECKPOINT_EVERY = 900.0
 CHECKPOINTS_KEPT = 2  # the newest may be cut short by a lost machine; the one before it stands
 FINISHED_NOTE = "FINISHED"  # what is left of a finished trial's checkpoint
 
@@ -171,11 +166,12 @@ def run_trials(
     gpus_per_trial: float,
     options=None,
     verbose: int = 0,
+    callbacks=(),
 ):
     """Run every spec as a Tune trial; returns (the Tune ResultGrid, the trial_ids of the rows written). Rows
-    land in `folder` as trials end. `options` is the parsed command line (None when called from Python), for
-    settings of how to run: checkpoint_every, keep_checkpoints, max_failures, resume, pack (see sweep.cli's
-    "running" options).
+    land in `folder` as trials end. `options` holds how to run (sweep.config.RunSettings, or the Sweep; None:
+    their declared defaults): checkpoint_every, keep_checkpoints, max_failures, resume, pack. `callbacks` are
+    more Tune callbacks (trackers, the Python API's).
 
     Every run is a new Tune experiment. With `resume`, each trial goes on from the newest checkpoint an earlier
     run left for its trial_id under `tune_dir` (trainables.tune_trainable.earlier_checkpoint): a resume is
@@ -187,29 +183,29 @@ def run_trials(
 
     from sweep.progress import ProgressView
 
-    checkpoint_every = getattr(options, "checkpoint_every", CHECKPOINT_EVERY)
-    keep_checkpoints = getattr(options, "keep_checkpoints", False)
-    max_failures = getattr(options, "max_failures", 2)
-    resume = getattr(options, "resume", False)
+    if options is None:
+        options = RunSettings()
+    checkpoint_every, keep_checkpoints = options.checkpoint_every, options.keep_checkpoints
+    max_failures, resume = options.max_failures, options.resume
     resources = pack_resources(cpus_per_trial, gpus_per_trial, ray.cluster_resources().get("CPU", 1.0))
     trainable = make_trainable(data, pretrained, resources, checkpoint_every, str(tune_dir) if resume else None)
     if resume:
         print(f"--resume: each unfinished trial goes on from the newest checkpoint an earlier run left for it under "
               f"{tune_dir}", flush=True)
     checkpointed = checkpoint_every is not None and checkpoint_every < CHECKPOINT_EVERY
-    size, fuse_alone = resolve_pack(getattr(options, "pack", 1), gpus_per_trial,
+    size, fuse_alone = resolve_pack(options.pack, gpus_per_trial,
                                     max(map(parameter_count, pretrained.values())), checkpointed)
     units = group_into_packs([spec.to_config() for spec in specs], size, pretrained, fuse_alone)
     if size > 1 or fuse_alone:
         fused = sum("pack" in unit for unit in units)
-        print(f"--pack {getattr(options, 'pack', 1)}: up to {size} trial{'s' * (size > 1)} a fused pack; {len(specs)} "
+        print(f"--pack {options.pack}: up to {size} trial{'s' * (size > 1)} a fused pack; {len(specs)} "
               f"trials in {len(units)} Tune trials, {fused} of them fused packs (packs keep no checkpoint; "
               f"--checkpoint-every below {CHECKPOINT_EVERY:g} or --pack 1 trains trials alone, checkpointed)", flush=True)
     progress = ProgressView({s.trial_id: s.train_size * s.epochs for s in specs})
     writer = RowWriter(folder, keep_checkpoints=keep_checkpoints, progress=progress)
     tuner = make_tuner(
         trainable, param_space={"trial": tune.grid_search(units)}, name=experiment_name(), storage_path=tune_dir,
-        callbacks=[writer, progress],
+        callbacks=[writer, progress, *callbacks],
         checkpoint_config=tune.CheckpointConfig(num_to_keep=CHECKPOINTS_KEPT),
         # A failed or preempted trial goes on from its last checkpoint, up to this many times.
         max_failures=max_failures, verbose=verbose,
@@ -226,8 +222,9 @@ def fit(tuner, tune_dir):
     try:
         return tuner.fit()
     except OSError as err:
-        raise SystemExit(f"the sweep stopped: Ray Tune could not write under {tune_dir} ({err}); the rows landed so "
-                         "far stand, and running the same command again, with space there, runs what is left") from err
+        raise Refused([f"--storage: the sweep stopped: Ray Tune could not write under {tune_dir} ({err}); the rows "
+                       "landed so far stand, and running the same command again, with space there, runs what is "
+                       "left"]) from err
 
 
 def say_unwritten(writer: RowWriter, folder) -> None:

@@ -173,11 +173,11 @@ def experiment_dir(tune_dir: Path | str, spec: TrialSpec) -> Path | str:
 
 
 def search_cell(spec: TrialSpec, num_layers: int, num_samples: int, trainable, folder: Path | str,
-                path: Path | str, landed: dict[int, list]) -> str:
+                path: Path | str, landed: dict[int, list], callbacks=()) -> str:
     """Run one cell's study to its budget (inside a Ray task), as a new Tune experiment under the cell's folder;
     `landed`: the multipliers of its trials whose rows landed in earlier runs, by sample number."""
     tuner = make_tuner(trainable, name=experiment_name(), storage_path=path, max_failures=0,
-                       callbacks=[SearchRowWriter(folder, spec.trial_id, num_samples)],
+                       callbacks=[SearchRowWriter(folder, spec.trial_id, num_samples), *callbacks],
                        **search_options(spec, num_layers, num_samples, landed))
     tuner.fit()
     return spec.trial_id
@@ -204,8 +204,9 @@ def record_budget(path: Path | str, spec: TrialSpec, num_samples: int) -> None:
 
 
 def run_searches(specs: list[TrialSpec], *, data: dict, pretrained: dict, folder: Path | str, tune_dir: Path | str,
-                 cpus_per_trial: float, gpus_per_trial: float, options=None) -> list[str]:
-    """Every cell's study at once, each to `options.num_samples` trials; returns the cells searched."""
+                 cpus_per_trial: float, gpus_per_trial: float, options=None, callbacks=()) -> list[str]:
+    """Every cell's study at once, each to `options.num_samples` trials; returns the cells searched.
+    `callbacks` (trackers, the Python API's) go to every cell's Tuner."""
     import ray
     from ray import tune
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -231,7 +232,7 @@ def run_searches(specs: list[TrialSpec], *, data: dict, pretrained: dict, folder
     points = landed_points(folder)
     return ray.get([
         search.remote(spec, pretrained[spec.model].num_layers, num_samples, trainable, folder,
-                      experiment_dir(tune_dir, spec), points.get(spec.trial_id, {}))
+                      experiment_dir(tune_dir, spec), points.get(spec.trial_id, {}), list(callbacks))
         for spec in specs
     ])
 

@@ -9,18 +9,20 @@ from trainables.models import build_classifier, layer_stack, load_pretrained
 
 
 def test_alternate_grid_resets_the_odd_or_the_even_layers():
-    from sweep.experiments import GridSettings, alternate
+    from sweep.experiments import GridSettings
+    from trialrows.experiments import alternate
 
-    specs = alternate(GridSettings(model="m", tasks=("sst2",), sizes=(100,), trials=((0, 2),)), 5)
+    specs = alternate(GridSettings.of(model="m", tasks=("sst2",), sizes=(100,), trials=((0, 2),)), 5)
     got = {(s.trial_index, s.row()["parity"], tuple(s.row()["reinit_layers"])) for s in specs}
     assert got == {(t, "odd", (1, 3, 5)) for t in (0, 1)} | {(t, "even", (2, 4)) for t in (0, 1)}
 
 
 def test_only_the_layers_of_that_parity_change(tiny_bert):
-    from sweep.experiments import GridSettings, alternate
+    from sweep.experiments import GridSettings
+    from trialrows.experiments import alternate
 
     pretrained = load_pretrained(tiny_bert)
-    for spec in alternate(GridSettings(model="m", tasks=("sst2",), sizes=(100,), trials=((0, 1),)), 4):
+    for spec in alternate(GridSettings.of(model="m", tasks=("sst2",), sizes=(100,), trials=((0, 1),)), 4):
         model = apply_ablation(spec.ablation, build_classifier(pretrained, num_labels=2, seed=0), spec.seed)
         reset = set(spec.row()["reinit_layers"])
         for i, layer in enumerate(layer_stack(model), start=1):

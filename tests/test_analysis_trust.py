@@ -167,7 +167,7 @@ def test_compaction_keeps_every_row_skip_done_and_a_rerun(tmp_path):
 def test_the_schema_declares_every_identity_field_of_every_experiment():
     from sweep.experiments import EXPERIMENTS, GridSettings
 
-    grid = GridSettings(model="m", tasks=("sst2", "cola"), sizes=(100,), trials=((0, 2),), k=(0, 2), layers=(1,),
+    grid = GridSettings.of(model="m", tasks=("sst2", "cola"), sizes=(100,), trials=((0, 2),), k=(0, 2), layers=(1,),
                         heads=(0,), permutations=2)
     for name, experiment in EXPERIMENTS.items():
         for spec in experiment.build(grid, 2, 2)[:6]:

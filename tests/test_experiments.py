@@ -8,24 +8,23 @@ import pytest
 
 from analysis.results import read_results
 from sweep.cli import main
-from sweep.experiments import EXPERIMENTS, GridSettings, heads, incremental, permutation, reinit_lr, sequential
+from sweep.experiments import EXPERIMENTS, GridSettings
+from trialrows.experiments import heads, incremental, permutation, reinit_lr, sequential
+
+def readme_paper_counts() -> dict[str, str]:
+    """Each experiment's `--preset paper` trial count as the README's experiment table gives it (its last column
+    ends ": COUNT ..."): the README is the list, so a new experiment's row there is its count here."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    rows = re.findall(r"^\| `python -m sweep ([a-z-]+)` \|.*\| ([^|]*) \|$", text, re.M)
+    number = re.compile(r"[\d,]+")
+    return {name: "total: " + number.match(grid.rsplit(": ", 1)[1]).group() + " trials" for name, grid in rows}
+
 
 # The paper's grids (REFERENCE.md; heads and sequential: our preset for the course reports' experiments).
-PAPER_COUNTS = {
-    "incremental": "total: 2,145 trials",  # 3 tasks x 13 k x (50 at 500, 3 at 5k, 3 at 50k without CoLA)
-    "reinit-lr": "total: 2,145 trials",  # the incremental grid
-    "layernorm": "total: 117 trials",  # 3 tasks x 13 k x 3 trials at 5k
-    "localized": "total: 600 trials",  # 3 tasks x 2 modes x 10 block starts x 10 trials at 5k
-    "single-layer": "total: 108 trials",  # 3 tasks x 12 layers x 3 trials at 5k
-    "permutation": "total: 30 trials",  # 3 tasks x 10 permutations at 5k
-    "heads": "total: 1,305 trials",  # 3 tasks x (12 layers x 12 heads + the no-reset baseline) x 3 trials
-    "sequential": "total: 27 trials",  # 3 final x 3 intermediate (diagonal: direct) x 3 trials at 5k
-    "lr-multipliers": "total: 39 trials",  # cells: 3 tasks x 13 k at 500, 1 trial index; a study per cell
-    "probing": "total: 312 trials",  # the paper's full training splits: 3 tasks x 13 layers (0..12) x 8 trials
-    "sublayer": "total: 225 trials",  # 3 tasks x (12 layers x 2 blocks + the full model) x 3 trials at 5k
-    "alternate": "total: 18 trials",  # 3 tasks x 2 parities x 3 trials at 5k
-    "scratch": "total: 9 trials",  # 3 tasks x 3 trials at 5k
-}
+PAPER_COUNTS = readme_paper_counts()
 
 
 def test_every_experiment_has_a_paper_count():
@@ -46,7 +45,7 @@ def test_paper_dry_run_prints_the_papers_trial_count(experiment, capsys):
     (["incremental", "--fractions", "0"], "--fractions: 0.0 is outside (0, 1]"),
     (["incremental", "--fractions", "1.5"], "--fractions: 1.5 is outside (0, 1]"),
     (["permutation", "--permutations", "0"], "--permutations: 0 must be at least 1"),
-    (["reinit-lr", "--lr-multiplier", "-1"], "--lr-multiplier: -1.0 must be positive"),
+    (["reinit-lr", "--lr-multiplier", "-1"], "--lr-multiplier: -1.0 must be a positive"),
     (["sequential", "--intermediate-tasks", "nope"], "--intermediate-tasks: unknown task 'nope'"),
 ])
 def test_bad_experiment_options_are_refused_before_any_work(tiny_bert, tmp_path, capsys, argv, message):
@@ -57,14 +56,14 @@ def test_bad_experiment_options_are_refused_before_any_work(tiny_bert, tmp_path,
 
 def settings(**options):
     base = dict(model="m", tasks=("sst2", "cola"), sizes=(100,), trials=((0, 2),))
-    return GridSettings(**{**base, **options})
+    return GridSettings.of(**{**base, **options})
 
 
 def test_incremental_ids_are_unchanged_by_the_new_fields():
     # Computed with recipe 2 (issue 14), which renewed every id on purpose (clipping, decay groups and trial
     # seeds change every number, so a recipe-1 row is another trial). Optional fields added since must not
     # make done trials look new.
-    s = GridSettings(model="bert-base-uncased", tasks=("sst2",), sizes=(500,), trials=((0, 2),), k=(0, 12))
+    s = GridSettings.of(model="bert-base-uncased", tasks=("sst2",), sizes=(500,), trials=((0, 2),), k=(0, 12))
     assert [x.trial_id for x in incremental(s, 12)] == [
         "incremental-sst2-n500-k0-t0-a21dd0bd02", "incremental-sst2-n500-k12-t0-6937124c60",
         "incremental-sst2-n500-k0-t1-b4fff5147f", "incremental-sst2-n500-k12-t1-6d06f3224a"]

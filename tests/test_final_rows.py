@@ -64,11 +64,12 @@ def test_readers_keep_the_first_finished_row_of_a_trial_stored_twice(tmp_path):
 
 def trained_reports(tiny_bert, synthetic, pretrained, epochs: int = 3, lr: float = 2e-5) -> tuple[dict, list]:
     """A trial of the sweep as the Tune trainable reports it, run here without Ray."""
-    from sweep.experiments import GridSettings, incremental
+    from sweep.experiments import GridSettings
+    from trialrows.experiments import incremental
     from trainables.finetune import finetune
     from trainables.tune_trainable import finetune_config, trial_reporter
 
-    settings = GridSettings(model=tiny_bert, tasks=("synthetic",), sizes=(24,), trials=((0, 1),), k=(2,),
+    settings = GridSettings.of(model=tiny_bert, tasks=("synthetic",), sizes=(24,), trials=((0, 1),), k=(2,),
                             epochs=epochs, lr=lr)
     (spec,) = incremental(settings, 4)
     config = spec.to_config()

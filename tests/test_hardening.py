@@ -10,7 +10,9 @@ import pytest
 
 from sweep.checks import gpu_problems
 from sweep.cli import main, prepare_data
-from sweep.experiments import GridSettings, incremental
+from sweep.config import RunSettings
+from sweep.experiments import GridSettings
+from trialrows.experiments import incremental
 from trainables.ablations import Reinit
 from trainables.tasks import load_task
 
@@ -80,10 +82,10 @@ def test_bad_numbers_are_refused(tiny_bert, tmp_path, capsys, argv, message):
     assert message in refused(["localized", "--model", tiny_bert, "--storage", str(tmp_path), *argv], capsys)
 
 
-def test_gpu_request_on_a_cluster_without_gpus_is_refused_before_any_trial(ray_local, tiny_bert, tmp_path):
-    with pytest.raises(SystemExit, match=r"--gpus-per-trial: 0.5 asked, but this Ray cluster has no GPU"):
-        main(["incremental", "--model", tiny_bert, "--k", "0", "--trials", "1", "--sizes", "16",
-              "--gpus-per-trial", "0.5", "--storage", str(tmp_path)])
+def test_gpu_request_on_a_cluster_without_gpus_is_refused_before_any_trial(ray_local, tiny_bert, tmp_path, capsys):
+    assert main(["incremental", "--model", tiny_bert, "--k", "0", "--trials", "1", "--sizes", "16",
+                 "--gpus-per-trial", "0.5", "--storage", str(tmp_path)]) == 2
+    assert "--gpus-per-trial: 0.5 asked, but this Ray cluster has no GPU" in capsys.readouterr().err
     assert not list(tmp_path.rglob("*.parquet"))
 
 
@@ -122,14 +124,14 @@ def test_failed_and_diverged_trials_land_as_rows_and_the_sweep_goes_on(ray_local
     from sweep.runner import run_trials
     from trainables.models import load_pretrained
 
-    settings = GridSettings(model=tiny_bert, tasks=("synthetic",), sizes=(32,), trials=((0, 1),), k=(4,), epochs=2)
+    settings = GridSettings.of(model=tiny_bert, tasks=("synthetic",), sizes=(32,), trials=((0, 1),), k=(4,), epochs=2)
     (ok,) = incremental(settings, num_layers=4)
     diverged = dataclasses.replace(ok, lr=float("inf"))
     broken = dataclasses.replace(ok, ablation=Reinit(layers=(9,)))  # a layer this 4-layer model lacks
     folder = tmp_path / "rows"
     run_trials([broken, diverged, ok], data=prepare_data(settings, [ok]),
                pretrained={tiny_bert: load_pretrained(tiny_bert)}, folder=folder, tune_dir=tmp_path,
-               cpus_per_trial=1, gpus_per_trial=0)
+               cpus_per_trial=1, gpus_per_trial=0, options=RunSettings(pack=1))  # each trial alone, unfused
 
     rows = read_results(folder).set_index("trial_id")
     assert len(rows) == 3
@@ -148,10 +150,13 @@ def test_failed_and_diverged_trials_land_as_rows_and_the_sweep_goes_on(ray_local
     assert summary["excluded"] == 2 and summary["diverged"] == 1 and summary["failed"] == 1
 
 
-def test_a_subset_larger_than_the_train_split_is_refused_before_any_trial(ray_local, tiny_bert, glue_dir, tmp_path):
-    with pytest.raises(SystemExit, match=r"--sizes: 100000 is larger than the sst2 train split \(67,349 examples\)"):
-        main(["incremental", "--model", tiny_bert, "--tasks", "sst2", "--data-dir", str(glue_dir), "--k", "0",
-              "--sizes", "100000", "--trials", "1", "--storage", str(tmp_path)])
+def test_a_subset_larger_than_the_train_split_is_refused_before_any_trial(tiny_bert, glue_dir, tmp_path, capsys):
+    import ray
+
+    assert main(["incremental", "--model", tiny_bert, "--tasks", "sst2", "--data-dir", str(glue_dir), "--k", "0",
+                 "--sizes", "100000", "--trials", "1", "--storage", str(tmp_path)]) == 2
+    assert "--sizes: 100000 is larger than the sst2 train split (67,349 examples)" in capsys.readouterr().err
+    assert not ray.is_initialized()  # refused before Ray starts
     assert not list(tmp_path.rglob("*.parquet"))
 
 

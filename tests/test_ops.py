@@ -15,7 +15,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from analysis.results import read_results
-from sweep.cli import build_parser, main, settings_from_args
+from sweep.cli import main, parse_command_line
 from sweep.experiments import EXPERIMENTS
 from sweep.store import sweep_dir
 from trainables.data import tokenize_task
@@ -87,7 +87,7 @@ def test_trial_killed_mid_run_resumes_from_its_checkpoint_in_the_bucket_to_the_s
     assert table.loc[0, "resumed_from_epoch"] == 2, "the trial must have gone on from its epoch-2 checkpoint"
 
     # The same trial, uninterrupted and without Ray, gives exactly the same numbers.
-    [spec] = EXPERIMENTS["incremental"].build(settings_from_args(build_parser().parse_args(argv)), 4, 4)
+    [spec] = EXPERIMENTS["incremental"].build(parse_command_line(argv).grid, 4, 4)
     assert spec.trial_id == table.loc[0, "trial_id"]
     data = tokenize_task(load_task("synthetic"), load_tokenizer(tiny_bert), tiny_bert, 128)
     clean = finetune(finetune_config(spec.to_config(), gpu_fraction=0.0, threads=1), data, load_pretrained(tiny_bert))
@@ -177,8 +177,8 @@ def test_checkpoint_frequency_is_a_setting():
 
     assert epochs_checkpointed(0) == [1, 2, 3]
     assert epochs_checkpointed(None) == [] and epochs_checkpointed(3600) == []
-    assert build_parser().parse_args(["incremental"]).checkpoint_every == 900
-    assert build_parser().parse_args(["incremental", "--checkpoint-every", "off"]).checkpoint_every is None
+    assert parse_command_line(["incremental"]).run.checkpoint_every == 900
+    assert parse_command_line(["incremental", "--checkpoint-every", "off"]).run.checkpoint_every is None
 
 
 def test_a_recorded_checkpoint_deleted_since_falls_back_to_the_newest_surviving_one(tmp_path):

@@ -2,6 +2,8 @@
 any work: in a dry run too, each with a message naming the option and the value."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from sweep.cli import build_parser, main, options_of
@@ -11,7 +13,7 @@ from sweep.experiments import EXPERIMENTS
 def cases():
     for experiment in EXPERIMENTS:
         for option in options_of(experiment):
-            if option.action != "store_true":  # a switch has no value to be out of range
+            if option.cli and not option.switch:  # a switch has no value to be out of range
                 yield experiment, option
 
 
@@ -52,10 +54,10 @@ def test_each_experiment_lists_its_own_options_in_its_help():
 def test_a_length_beyond_the_models_positions_is_refused(tiny_bert, capsys):
     # The tiny BERT has 160 positions; MiniLM 512.
     assert main(["incremental", "--model", tiny_bert, "--max-length", "161", "--dry-run"]) == 2
-    assert "--max-length: 161 is outside 1..160" in capsys.readouterr().err
+    assert "--max-length: 161 is outside 8..160" in capsys.readouterr().err
     assert main(["incremental", "--model", tiny_bert, "--max-length", "160", "--dry-run"]) == 0
     assert main(["incremental", "--max-length", "100000", "--dry-run"]) == 2
-    assert "--max-length: 100000 is outside 1..512" in capsys.readouterr().err
+    assert "--max-length: 100000 is outside 8..512" in capsys.readouterr().err
 
 
 def test_a_dry_run_checks_storage_address_and_gpus(tmp_path, capsys):
@@ -90,3 +92,155 @@ def test_no_code_outside_the_registries_tests_an_experiments_name():
     found = subprocess.run(["grep", "-rn", "--include=*.py", "experiment ==", "sweep", "analysis", "trainables"],
                            cwd=root, capture_output=True, text=True).stdout
     assert found == ""
+
+
+# --- every input checked before Ray starts, in a dry run too (issue 24) --------------------------------------
+
+SQUAD_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "squad2"
+
+
+def refused(argv: list[str], capsys, storage: Path) -> str:
+    """Run `argv` as a dry run and as a real run; both must refuse before any work. The refusal's text."""
+    texts = []
+    for dry_run in (["--dry-run"], []):
+        try:
+            code = main([*argv, "--storage", str(storage), *dry_run])
+        except SystemExit as exit_:  # argparse's own refusals
+            code = exit_.code
+        assert code == 2, f"{argv} {dry_run} was not refused"
+        texts.append(capsys.readouterr().err)
+        assert not storage.exists(), "nothing may be written before the request is valid"
+    assert texts[0] == texts[1] or all(texts)
+    return texts[0]
+
+
+def task_folder(root: Path, train: bytes, dev: bytes | None = None, suffix: str = ".csv") -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / f"train{suffix}").write_bytes(train)
+    (root / f"dev{suffix}").write_bytes(dev if dev is not None else train)
+    return root
+
+
+def glue_folder(root: Path, train: str, dev: str = "sentence\tlabel\nfine\t1\nbad\t0\n") -> Path:
+    (root / "SST-2").mkdir(parents=True)
+    (root / "SST-2" / "train.tsv").write_text(train)
+    (root / "SST-2" / "dev.tsv").write_text(dev)
+    return root
+
+
+GOOD_CSV = b"text,label\nthe film was fine,good\nthe film was bad,bad\n"
+
+
+@pytest.mark.parametrize("experiment, option, message", [
+    ("incremental", ["--k", "0", "0"], "--k: 0 is given twice"),
+    ("incremental", ["--tasks", "synthetic", "synthetic"], "--tasks: synthetic is given twice"),
+    ("single-layer", ["--layers", "1", "1"], "--layers: 1 is given twice"),
+    ("incremental", ["--trials", "32=2", "32=3"], "--trials: size 32 is given twice"),
+    ("incremental", ["--sizes", "16", "16"], "--sizes: 16 is given twice"),
+])
+def test_a_value_given_twice_is_refused(tiny_bert, tmp_path, capsys, experiment, option, message):
+    argv = [experiment, "--model", tiny_bert, "--tasks", "synthetic", "--sizes", "16", "--trials", "1", *option]
+    assert message in refused(argv, capsys, tmp_path / "store")
+
+
+def test_no_option_is_read_by_an_abbreviation(tiny_bert, tmp_path, capsys):
+    err = refused(["heads", "--model", tiny_bert, "--k", "2"], capsys, tmp_path / "store")  # not --keep-checkpoints
+    assert "unrecognized arguments: --k 2" in err
+
+
+def test_an_absurd_grid_is_refused_at_once_with_its_size(capsys, tmp_path):
+    err = refused(["incremental", "--trials", "10000000"], capsys, tmp_path / "store")
+    assert "--trials: 10000000 make a grid of 20,000,000 trials; one sweep plans at most 1,000,000" in err
+
+
+@pytest.mark.parametrize("option, message", [
+    (["--name", "x" * 300], "--name: 'xxxxxxxxxxxxxxxxxxxx...' is 300 bytes long"),
+    (["--max-length", "1"], "--max-length: 1 is outside 8..160"),
+    (["--task-file", "a/b=."], "--task-file: 'a/b' is not a task name"),
+])
+def test_values_that_used_to_end_in_a_traceback_or_an_empty_trial(tiny_bert, tmp_path, capsys, option, message):
+    argv = ["incremental", "--model", tiny_bert, "--tasks", "synthetic", "--sizes", "16", "--trials", "1", *option]
+    if option[0] == "--task-file":
+        argv += ["--text-columns", "text", "--label-column", "label"]
+    assert message in refused(argv, capsys, tmp_path / "store")
+
+
+@pytest.mark.parametrize("storage, message", [("file://", "names no folder"), ("s3://", "names no bucket")])
+def test_a_storage_uri_without_a_place_is_refused(capsys, storage, message):
+    for dry_run in (["--dry-run"], []):
+        assert main(["incremental", "--storage", storage, *dry_run]) == 2
+        assert f"--storage: '{storage}' {message}" in capsys.readouterr().err
+
+
+def test_task_file_problems_name_the_file_and_line(tiny_bert, tmp_path, capsys):
+    base = ["incremental", "--model", tiny_bert, "--sizes", "2", "--trials", "1", "--k", "4"]
+    cases = {
+        "twice": (b"text,label,label\nfine,good,bad\nbad,bad,good\n", "train.csv, line 1: column 'label' appears 2 times"),
+        "latin1": (b"text,label\ncaf\xe9 was fine,good\nbad,bad\n", "train.csv, line 2: not UTF-8 text (byte 0xe9)"),
+        "empty": (b"text,label\n,good\n,bad\n", "text column 'text' is empty in all 2 examples of task 'empty'"),
+        "quote": (b'text,label\n"fine,good\nbad,bad\n', "train.csv, line"),
+    }
+    for name, (train, message) in cases.items():
+        folder = task_folder(tmp_path / name, train)
+        err = refused([*base, "--tasks", name, "--task-file", f"{name}={folder}", "--text-columns", "text",
+                       "--label-column", "label"], capsys, tmp_path / "store")
+        assert message in err and str(folder) in err, (name, err)
+
+
+def test_each_task_file_has_its_own_columns_and_must_be_named_in_tasks(tiny_bert, tmp_path, capsys):
+    a = task_folder(tmp_path / "a", GOOD_CSV)
+    b = task_folder(tmp_path / "b", b"review,stars\nthe film was fine,5\nthe film was bad,1\n")
+    argv = ["incremental", "--model", tiny_bert, "--sizes", "2", "--trials", "1", "--k", "4", "--tasks", "a", "b",
+            "--task-file", f"a={a}", f"b={b},text=review,label=stars", "--text-columns", "text", "--label-column",
+            "label", "--storage", str(tmp_path / "store"), "--dry-run"]
+    assert main(argv) == 0
+    capsys.readouterr()
+    err = refused([*argv[:-3], "--tasks", "a"], capsys, tmp_path / "store2")
+    assert "--task-file: task 'b' is not named in --tasks (a)" in err
+    err = refused([*argv[:-3], "--task-file", f"a={a}", f"b={b},text=review,label=stars,splits=train+train"],
+                  capsys, tmp_path / "store3")
+    assert "--splits: 'train' for both train and dev (task 'b')" in err
+
+
+def test_local_data_is_read_whole_in_a_dry_run(tiny_bert, tmp_path, capsys):
+    base = ["incremental", "--model", tiny_bert, "--tasks", "sst2", "--trials", "1", "--k", "4"]
+    bad = glue_folder(tmp_path / "bad", "sentence\tlabel\nfine\t1\nodd\tX\n")
+    err = refused([*base, "--sizes", "2", "--data-dir", str(bad)], capsys, tmp_path / "store")
+    assert "SST-2/train.tsv, line 3: label 'X' is not one of 0, 1" in err
+    small = glue_folder(tmp_path / "small", "sentence\tlabel\nfine\t1\nbad\t0\n")
+    err = refused([*base, "--sizes", "3", "--data-dir", str(small)], capsys, tmp_path / "store")
+    assert "--sizes: 3 is larger than the sst2 train split (2 examples)" in err
+
+
+@pytest.mark.skipif(not SQUAD_DIR.is_dir(), reason="the shared SQuAD 2.0 slices are not there")
+def test_question_answering_windows_and_answers_are_checked_before_any_work(tiny_bert, tmp_path, capsys):
+    import json
+
+    base = ["incremental", "--model", tiny_bert, "--tasks", "squad_v2", "--sizes", "4", "--trials", "1", "--k", "4"]
+    err = refused([*base, "--data-dir", str(SQUAD_DIR), "--max-length", "24"], capsys, tmp_path / "store")
+    assert "--max-length: 24 leaves no room for context in a squad_v2 window" in err and "give at least" in err
+    broken = tmp_path / "squad"
+    broken.mkdir()
+    for name in ("train-v2.0.json", "dev-v2.0.json"):
+        document = json.loads((SQUAD_DIR / name).read_text())
+        answer = next(a for art in document["data"] for p in art["paragraphs"] for q in p["qas"] for a in q["answers"])
+        answer["answer_start"] += 10 ** 6
+        (broken / name).write_text(json.dumps(document))
+    err = refused([*base, "--data-dir", str(broken), "--max-length", "128"], capsys, tmp_path / "store")
+    assert "does not point at its answer" in err
+
+
+def test_a_hub_that_does_not_answer_is_named_before_ray_starts(tiny_bert, tmp_path, capsys, monkeypatch):
+    import ray
+
+    import sweep.cli
+
+    monkeypatch.setattr(sweep.cli, "hub_answers", lambda timeout=5.0: False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    argv = ["incremental", "--model", tiny_bert, "--tasks", "rte", "--sizes", "10", "--k", "4", "--trials", "1",
+            "--storage", str(tmp_path / "store")]
+    assert main(argv) == 2 and not ray.is_initialized() and not (tmp_path / "store").exists()
+    assert "--tasks: rte come from the Hugging Face hub, which does not answer from this machine; give --data-dir" \
+        in capsys.readouterr().err
+    assert main([*argv, "--dry-run"]) == 0  # a dry run does not ask the hub

@@ -27,7 +27,7 @@ def quiet_bert(tiny_bert, tmp_path_factory):
 
 
 def grid(experiment: str, tiny_bert: str, **fields):
-    settings = GridSettings(model=tiny_bert, tasks=("synthetic",), sizes=(24,), trials=((0, 3),), epochs=1, **fields)
+    settings = GridSettings.of(model=tiny_bert, tasks=("synthetic",), sizes=(24,), trials=((0, 3),), epochs=1, **fields)
     return [spec.to_config() for spec in EXPERIMENTS[experiment].build(settings, 4, 4)]
 
 

@@ -13,7 +13,8 @@ import pytest
 from trainables.ablations import HeadReinit, Permute, Reinit
 from trainables.finetune import FinetuneConfig, draw_rows, finetune
 from trainables.models import load_pretrained, load_tokenizer
-from trainables.qa import (QASplit, best_answers, example_count, load_squad, select_questions, squad_metrics,
+from trainables.tasks import load_squad, read_squad_file
+from trainables.qa import (QASplit, best_answers, example_count, select_questions, squad_metrics,
                            tokenize_qa_task)
 
 SQUAD_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "squad2"
@@ -86,7 +87,6 @@ def write(path: Path, document) -> Path:
 
 
 def test_bad_files_get_one_clear_line(tmp_path):
-    from trainables.qa import read_squad_file
 
     with pytest.raises(ValueError, match="not SQuAD JSON .no top-level 'data' list."):
         read_squad_file(write(tmp_path / "a.json", [{"sentence": "glue?", "label": 1}]))

@@ -12,7 +12,8 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 import trainables.finetune as ft
 from sweep.cli import main
-from sweep.experiments import GridSettings, incremental, trial_seeds
+from sweep.experiments import GridSettings, trial_seeds
+from trialrows.experiments import incremental
 from trainables.ablations import Reinit, apply_ablation
 from trainables.finetune import FinetuneConfig, finetune, make_optimizer, not_decayed
 from trainables.models import build_classifier, layer_stack, pooler
@@ -82,8 +83,8 @@ def test_two_base_seeds_share_no_trial_seed_and_every_index_pairs():
     assert not ({s for pair in first for s in pair} & {s for pair in second for s in pair}), "no shared seed at all"
     assert all(0 <= s < 2**32 for pair in first for s in pair)
 
-    a = incremental(GridSettings(model="m", tasks=("synthetic",), sizes=(24,), trials=((0, 3),), seed=0), num_layers=4)
-    b = incremental(GridSettings(model="m", tasks=("synthetic",), sizes=(24,), trials=((0, 3),), seed=1), num_layers=4)
+    a = incremental(GridSettings.of(model="m", tasks=("synthetic",), sizes=(24,), trials=((0, 3),), seed=0), num_layers=4)
+    b = incremental(GridSettings.of(model="m", tasks=("synthetic",), sizes=(24,), trials=((0, 3),), seed=1), num_layers=4)
     for specs in (a, b):  # the paired design: every k of one index on one subset, head and batch order
         for index in range(3):
             same = [s for s in specs if s.trial_index == index]

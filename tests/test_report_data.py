@@ -192,9 +192,31 @@ def make_records(seed: int = 0) -> list[dict]:
         for t in range(2):
             rows.append(_row(rng, "scratch", task, 5000, t, range(1, L + 1), metric=TASKS[task],
                              value=_curve(TASKS[task], 0.0, 5000) - 0.01 + rng.normal(0, 0.01), reinit_embeddings=True))
+    rows += registered_rows(rng, {row["experiment"] for row in rows})
     # an experiment no table knows: still reported
     for t in range(2):
         rows.append(_row(rng, "mystery", "sst2", 500, t, [1], metric=TASKS["sst2"], value=0.8 + 0.01 * t))
+    return rows
+
+
+def registered_rows(rng, written: set[str]) -> list[dict]:
+    """Rows of every registered experiment with a generic table and figure that the records above leave out,
+    made from its own grid (trialrows.experiments), so a new experiment is in the report tests untouched."""
+    from sweep.experiments import EXPERIMENTS, GridSettings
+    from trialrows.experiments import GENERIC
+
+    grid = GridSettings.of(model=MODEL, tasks=("sst2", "cola"), sizes=(5000,), trials=((0, 2),), max_length=128,
+                           precision="fp32")
+    rows = []
+    for name in GENERIC:
+        if name in written:
+            continue
+        for spec in EXPERIMENTS[name].build(grid, L, 12)[:48]:
+            metric = TASKS[spec.task]
+            value = float(np.clip(_curve(metric, 0.5, 5000) + rng.normal(0, 0.01), -1, 1))
+            rows.append({**spec.row(), "status": "ok", "error": None, "metric_name": metric[0], "dev_metric": value,
+                         "dev_metrics_by_epoch": [value], f"dev_{metric[0]}": value, "train_seconds": 60.0,
+                         "eval_seconds": 5.0, "wall_seconds": 66.0, "finished_at": "2026-11-21T04:00:00+0000"})
     return rows
 
 

@@ -17,7 +17,8 @@ import pytest
 from analysis.results import read_results
 from analysis.search import best_table, importance_table
 from sweep.cli import main
-from sweep.experiments import GridSettings, lr_multipliers
+from sweep.experiments import GridSettings
+from trialrows.experiments import lr_multipliers
 from tests.conftest import run_then_sigkill
 from sweep.search import MultiplierSpace, layer_params, run_searches, trial_config
 from trainables.ablations import Reinit
@@ -90,7 +91,7 @@ def test_held_out_part_is_never_trained_on_and_reported_apart_from_dev(pretraine
 def test_grouped_space_gives_two_multipliers_and_the_baseline_first():
     assert layer_params("reinit-vs-kept", 2, 4) == ("kept", "kept", "reinit", "reinit")
     assert layer_params("layer", 2, 3) == ("layer_1", "layer_2", "layer_3")
-    settings = GridSettings(model="m", tasks=("sst2",), sizes=(100,), trials=((0, 1),), k=(2,),
+    settings = GridSettings.of(model="m", tasks=("sst2",), sizes=(100,), trials=((0, 1),), k=(2,),
                             multiplier_group="reinit-vs-kept", multiplier_range=(0.5, 4.0))
     (cell,) = lr_multipliers(settings, 4)
     space = MultiplierSpace(layer_params("reinit-vs-kept", 2, 4), 0.5, 4.0, cell.to_config())
@@ -108,7 +109,7 @@ def test_grouped_space_gives_two_multipliers_and_the_baseline_first():
 
 
 def search_argv(model, storage, name, *extra):
-    return ["lr-multipliers", "--model", model, "--tasks", "synthetic", "--sizes", "40", "--k", "2", "--epochs", "2",
+    return ["lr-multipliers", "--model", model, "--tasks", "synthetic", "--sizes", "40", "--trials", "1", "--k", "2", "--epochs", "2",
             "--lr", str(LR), "--seed", str(SEED), "--cpus-per-trial", "2", "--storage", str(storage), "--name", name, *extra]
 
 
@@ -147,7 +148,7 @@ def test_real_search_through_tune_never_reads_dev(ray_local, tiny_bert, syntheti
     # The same search with every dev label changed: the proposals and objectives cannot move, dev must.
     poisoned = dataclasses.replace(synthetic, validation=dataclasses.replace(
         synthetic.validation, labels=np.zeros_like(synthetic.validation.labels)))
-    settings = GridSettings(model=tiny_bert, tasks=("synthetic",), sizes=(40,), trials=((0, 1),), k=(2,),
+    settings = GridSettings.of(model=tiny_bert, tasks=("synthetic",), sizes=(40,), trials=((0, 1),), k=(2,),
                             epochs=2, lr=LR, seed=SEED)
     specs = lr_multipliers(settings, 4)
     assert [s.trial_id for s in specs] == [cell]
@@ -222,7 +223,7 @@ def test_a_landed_trial_that_a_restored_study_runs_again_is_replayed_not_trained
     from trainables.rows import make_row
     from trainables.tune_trainable import finetune_trainable, replay_key
 
-    settings = GridSettings(model=tiny_bert, tasks=("synthetic",), sizes=(40,), trials=((0, 1),), k=(2,), epochs=3)
+    settings = GridSettings.of(model=tiny_bert, tasks=("synthetic",), sizes=(40,), trials=((0, 1),), k=(2,), epochs=3)
     (spec,) = lr_multipliers(settings, 4)
     folder = tmp_path / "rows"
     landed_config = trial_config(spec.to_config(), 1, [0.5, 1.0, 2.0, 3.0])

@@ -16,7 +16,7 @@ OUTCOMES = ("ok", "diverged", "error")
 
 def fake_run(outcomes: dict):
     """Replaces sweep.cli.run: lands a row per outcome instead of training, and remembers what it was given."""
-    def run(todo, settings, args, folder, pretrained, raw=None):
+    def run(todo, settings, args, folder, pretrained, raw=None, **_):
         outcomes["handed"] = [spec.trial_id for spec in todo]
         for spec, status in zip(todo, OUTCOMES):
             write_row(folder, {**spec.row(), "status": status, "metric_name": "accuracy",
@@ -73,7 +73,7 @@ def test_status_of_a_sweep_that_is_not_there_names_the_ones_that_are(tiny_bert, 
 def test_status_counts_every_trial_of_a_search_budget(tiny_bert, tmp_path, monkeypatch, capsys):
     from sweep.search import planned_rows
 
-    def run(todo, settings, args, folder, pretrained, raw=None):  # the first study's baseline lands, nothing else
+    def run(todo, settings, args, folder, pretrained, raw=None, **_):  # the first study's baseline lands, nothing else
         write_row(folder, {**planned_rows(todo, 1)[0], "status": "ok", "metric_name": "accuracy", "dev_metric": 0.5})
 
     monkeypatch.setattr(sweep.cli, "run", run)

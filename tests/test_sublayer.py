@@ -66,9 +66,10 @@ def test_sublayer_round_trips_and_refuses_what_it_cannot_reset():
 
 
 def test_sublayer_grid_is_layer_by_block_plus_the_full_model():
-    from sweep.experiments import GridSettings, sublayer
+    from sweep.experiments import GridSettings
+    from trialrows.experiments import sublayer
 
-    specs = sublayer(GridSettings(model="m", tasks=("sst2",), sizes=(100,), trials=((0, 1),)), 3)
+    specs = sublayer(GridSettings.of(model="m", tasks=("sst2",), sizes=(100,), trials=((0, 1),)), 3)
     cells = [(s.row()["layer"], s.row()["sublayer"]) for s in specs]
     assert cells == [(None, None)] + [(layer, part) for layer in (1, 2, 3) for part in ("attention", "feed-forward")]
     assert len({s.trial_id for s in specs}) == len(specs)

@@ -255,9 +255,10 @@ def test_head_reinit_refuses_a_head_the_model_does_not_have(pretrained):
 
 
 def test_block_preserve_keeps_exactly_the_block(pretrained):
-    from sweep.experiments import GridSettings, localized
+    from sweep.experiments import GridSettings
+    from trialrows.experiments import localized
 
-    settings = GridSettings(model="m", tasks=("synthetic",), sizes=(16,), trials=((0, 1),), block_size=2)
+    settings = GridSettings.of(model="m", tasks=("synthetic",), sizes=(16,), trials=((0, 1),), block_size=2)
     specs = localized(settings, num_layers=4)
     assert {(s.row()["block_mode"], s.row()["block_start"]) for s in specs} == {
         (m, b) for m in ("block-reinit", "block-preserve") for b in (1, 2, 3)}

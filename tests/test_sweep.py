@@ -6,7 +6,8 @@ import pytest
 
 from analysis.results import read_results
 from sweep.cli import main, parse_trials
-from sweep.experiments import GridSettings, incremental
+from sweep.experiments import GridSettings
+from trialrows.experiments import incremental
 
 
 def test_paper_dry_run_counts_the_papers_grid(capsys):
@@ -19,7 +20,7 @@ def test_paper_dry_run_counts_the_papers_grid(capsys):
 
 
 def test_grid_pairs_conditions_by_trial_index():
-    settings = GridSettings(model="m", tasks=("sst2",), sizes=(500,), trials=((0, 3),), data_dir="/x")
+    settings = GridSettings.of(model="m", tasks=("sst2",), sizes=(500,), trials=((0, 3),), data_dir="/x")
     specs = incremental(settings, num_layers=4)
     assert len(specs) == 3 * 5 and len({s.trial_id for s in specs}) == 15
     for t in range(3):

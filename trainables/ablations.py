@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from trainables.models import family, layer_stack, pooler
+from trialrows.experiments import SUBLAYERS  # the row vocabulary, declared once
 
 # What the paper intends (appendix B): N(0, 0.02) truncated to (-0.04, 0.04) for every non-LayerNorm
 # parameter, LayerNorm reset to the identity.
@@ -210,9 +211,6 @@ def _(ablation: HeadReinit, model: nn.Module, seed: int) -> nn.Module:
     return model
 
 
-SUBLAYERS = ("attention", "feed-forward")
-
-
 @dataclasses.dataclass(frozen=True)
 class SublayerReinit:
     """Reinitialize one block of each given layer (1-based): its attention (query, key, value and output
@@ -291,6 +289,23 @@ EMBEDDINGS_STREAM = 0xE3B  # keeps the embeddings' draw apart from every layer's
 def _(ablation: Scratch, model: nn.Module, seed: int) -> nn.Module:
     # The layers get the very draws of Reinit (incremental k = 0): the two differ in the embeddings alone.
     apply_ablation(Reinit(ablation.layers, ablation.mode, reinit_pooler=ablation.reinit_pooler), model, seed)
+    return apply_ablation(Embeddings(), model, seed)
+
+
+@dataclasses.dataclass(frozen=True)
+class Embeddings:
+    """Every pretrained part of the encoder outside its layers and pooler, drawn as BERT initializes it: the
+    embeddings (word, position, token type, their LayerNorm; ELECTRA's projection; DeBERTa's relative
+    positions). Every layer and the pooler stay pretrained. The original code never reset them, so there is
+    no paper-code way to."""
+
+    def columns(self) -> dict:
+        return {"reinit_layers": [], "reinit_mode": "intended", "keep_layernorm": False, "reinit_pooler": False,
+                "reinit_embeddings": True}
+
+
+@apply_ablation.register
+def _(ablation: Embeddings, model: nn.Module, seed: int) -> nn.Module:
     base = getattr(model, "base_model", model)
     found = pooler(model)
     done = {id(p) for part in (layer_stack(model), found) if part is not None for p in part.parameters()}
@@ -312,7 +327,7 @@ def reinitialized_layers(ablation) -> tuple[int, ...]:
 
 # The ablations a trial config may name; the dict form is what travels in Ray configs and Parquet rows.
 ABLATIONS = {"reinit": Reinit, "permute": Permute, "head": HeadReinit, "sublayer": SublayerReinit,
-             "scratch": Scratch}
+             "scratch": Scratch, "embeddings": Embeddings}
 
 
 def ablation_to_dict(ablation) -> dict:

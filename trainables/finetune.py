@@ -26,22 +26,19 @@ from trainables.metrics import chance_figures, compute_metrics
 from trainables.models import Pretrained, build_classifier, layer_stack, pooler
 from trainables.qa import QASplit, build_span_model, evaluate_qa, example_count, example_rows, select_questions
 from trainables.tasks import Task
+from trialrows.recipe import LR_SCHEDULES, PRECISIONS, Recipe, default_epochs, resolve_precision
 
-LR_SCHEDULES = ("linear", "constant")
-PRECISIONS = ("fp32", "bf16")
 # Rows of this recipe say so (docs/results-schema.md): 2 = gradient clipping, weight decay on weights only,
 # a reinitialized pooler in the reinitialized group, seeds drawn from (base seed, trial index), sequential
 # weight change from the final task's start. Rows without the column were written by recipe 1.
 RECIPE_VERSION = 2
 
 
-def default_epochs(train_size: int) -> int:
-    """The paper's rule: 5 epochs for subsets of 500 or fewer examples, 3 for larger ones."""
-    return 5 if train_size <= 500 else 3
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FinetuneConfig(Recipe):
+    """One finetuning run: the recipe (trialrows.recipe, every training setting declared there) and the
+    trial's own subset, seeds and surgery."""
 
-
-@dataclasses.dataclass(frozen=True)
-class FinetuneConfig:
     task: str
     train_size: int
     subset_seed: int
@@ -53,14 +50,6 @@ class FinetuneConfig:
     layer_lr_multipliers: tuple[float, ...] | None = None
     val_size: int = 0  # examples of the drawn subset held out of training for `val_metric`; 0: none
     intermediate_task: str | None = None  # sequential finetuning: train on this task first
-    epochs: int | None = None  # None: default_epochs(train_size)
-    lr: float = 2e-5
-    batch_size: int = 8
-    weight_decay: float = 0.0
-    lr_schedule: str = "linear"
-    max_grad_norm: float = 1.0  # clip each step's gradient to this global norm, as run_glue did; 0: no clipping
-    eval_every: int = 0  # evaluate the dev split every N epochs; 0: after the last epoch only (the paper's)
-    precision: str = "fp32"  # "bf16": bfloat16 autocast on the trial's device
     eval_batch_size: int = 128
     gpu_fraction: float = 0.0  # the share of a GPU Ray gave this trial; 0 = CPU
     threads: int = 1  # CPU threads for torch
@@ -68,6 +57,7 @@ class FinetuneConfig:
     def __post_init__(self):
         if self.epochs is None:
             object.__setattr__(self, "epochs", default_epochs(self.train_size))
+        object.__setattr__(self, "precision", resolve_precision(self.precision, self.gpu_fraction))
         if self.lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"lr_schedule '{self.lr_schedule}' is not one of {', '.join(LR_SCHEDULES)}")
         if self.precision not in PRECISIONS:

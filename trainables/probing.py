@@ -50,8 +50,7 @@ from trainables.finetune import pick_device
 from trainables.metrics import chance_figures, compute_metrics
 from trainables.models import Pretrained, build_classifier, pooler
 from trainables.rows import make_row, where_it_runs, with_ended
-
-PROBES = ("mean-pool", "cls-pooler", "truncated")
+from trialrows.experiments import PROBE_KINDS as PROBES  # the row vocabulary, declared once
 # Which cached feature each probe reads: the two [CLS] probes differ in their head, not their input.
 FEATURE_OF = {"mean-pool": "mean", "cls-pooler": "pooled-cls", "truncated": "cls"}
 # The dev split's features depend on the frozen model and the split, not on the training subset: a worker

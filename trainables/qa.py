@@ -18,10 +18,8 @@ from __future__ import annotations
 import collections
 import copy
 import dataclasses
-import json
 import re
 import string
-from pathlib import Path
 
 import datasets
 import numpy as np
@@ -33,83 +31,8 @@ from trainables.models import Pretrained, load_encoder_weights
 from trainables.tasks import SQUAD_V2, TaskData, get_task
 
 TASK = get_task(SQUAD_V2)
-HUB_DATASET = "rajpurkar/squad_v2"
-SQUAD_FILES = {"train": "train-v2.0.json", "validation": "dev-v2.0.json"}
 N_BEST = 20  # start and end candidates per window, as the example's postprocessing
 MAX_ANSWER_TOKENS = 30
-SHAPE = '{"version", "data": [{"title", "paragraphs": [{"context", "qas": [{"id", "question", "answers": [{"text", "answer_start"}]}]}]}]}'
-
-
-# --- raw data --------------------------------------------------------------------------------------------
-
-
-def load_squad(data_dir: str | None = None) -> TaskData:
-    """SQuAD 2.0's train and dev splits, from the official files under `data_dir` or from the hub; one row
-    per question: id, question, context, answers {text, answer_start} (empty lists: unanswerable)."""
-    if data_dir is not None:
-        root = Path(data_dir).resolve()
-        train, validation = (read_squad_file(root / SQUAD_FILES[split]) for split in ("train", "validation"))
-        return TaskData(TASK, train, validation, f"local:{root}")
-    hub = datasets.load_dataset(HUB_DATASET)
-    train, validation = (hub[split].select_columns(["id", "question", "context", "answers"])
-                         for split in ("train", "validation"))
-    for split, source in ((train, f"{HUB_DATASET} train"), (validation, f"{HUB_DATASET} validation")):
-        for row in split:
-            check_answers(source, row["id"], row["context"], row["answers"])
-    return TaskData(TASK, train, validation, "hub")
-
-
-def read_squad_file(path: Path) -> datasets.Dataset:
-    if not path.is_file():
-        raise FileNotFoundError(f"task '{SQUAD_V2}': expected the official file {path}")
-    try:
-        document = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path}: not SQuAD JSON (not JSON at all: {err}); expected {SHAPE}") from None
-    rows = collections.defaultdict(list)
-    for qa, context in squad_questions(document, path):
-        answers = qa.get("answers")
-        if not isinstance(answers, list) or not all(isinstance(a, dict) and isinstance(a.get("text"), str)
-                                                    and isinstance(a.get("answer_start"), int) for a in answers):
-            raise ValueError(f"{path}: question {qa['id']}: 'answers' must be a list of {{\"text\", \"answer_start\"}}")
-        if bool(qa.get("is_impossible", not answers)) == bool(answers):
-            raise ValueError(f"{path}: question {qa['id']}: is_impossible={qa.get('is_impossible')} but it has "
-                             f"{len(answers)} answers; an unanswerable question has none, an answerable one some")
-        answers = {"text": [a["text"] for a in answers], "answer_start": [a["answer_start"] for a in answers]}
-        check_answers(str(path), qa["id"], context, answers)
-        for name, value in (("id", qa["id"]), ("question", qa["question"]), ("context", context), ("answers", answers)):
-            rows[name].append(value)
-    if not rows:
-        raise ValueError(f"{path}: the file holds no questions")
-    return datasets.Dataset.from_dict(dict(rows))
-
-
-def squad_questions(document, path: Path):
-    """(question, its context) for every question of a SQuAD JSON document; a clear error where the shape
-    is not SQuAD's."""
-    def fail(where: str) -> None:
-        raise ValueError(f"{path}: not SQuAD JSON ({where}); expected {SHAPE}")
-
-    if not isinstance(document, dict) or not isinstance(document.get("data"), list):
-        fail("no top-level 'data' list")
-    for i, article in enumerate(document["data"]):
-        if not isinstance(article, dict) or not isinstance(article.get("paragraphs"), list):
-            fail(f"data[{i}] has no 'paragraphs' list")
-        for j, paragraph in enumerate(article["paragraphs"]):
-            if not isinstance(paragraph, dict) or not isinstance(paragraph.get("context"), str) \
-                    or not isinstance(paragraph.get("qas"), list):
-                fail(f"data[{i}].paragraphs[{j}] has no 'context' text and 'qas' list")
-            for qa in paragraph["qas"]:
-                if not isinstance(qa, dict) or not isinstance(qa.get("id"), str) or not isinstance(qa.get("question"), str):
-                    fail(f"data[{i}].paragraphs[{j}] has a question without an 'id' and 'question' text")
-                yield qa, paragraph["context"]
-
-
-def check_answers(source: str, question_id: str, context: str, answers: dict) -> None:
-    for text, start in zip(answers["text"], answers["answer_start"]):
-        if start < 0 or context[start : start + len(text)] != text:
-            raise ValueError(f"{source}: question {question_id}: answer_start {start} does not point at its answer "
-                             f"{text!r} (the context there reads {context[max(start, 0) : max(start, 0) + len(text)]!r})")
 
 
 # --- windows ---------------------------------------------------------------------------------------------
@@ -136,6 +59,22 @@ class QASplit(TokenizedSplit):
     @property
     def num_questions(self) -> int:
         return len(self.ids)
+
+
+def window_room_problem(task_data: TaskData, tokenizer, max_length: int) -> str | None:
+    """Why `max_length` leaves a window no room for context (the longest question, the special tokens and the
+    stride shared with the next window take it all), or None. Checked before any work: the tokenizer would
+    otherwise fail inside every trial."""
+    questions = [q.lstrip() for split in (task_data.train, task_data.validation) for q in split["question"]]
+    longest = max((len(ids) for ids in tokenizer(questions, add_special_tokens=False)["input_ids"]), default=0)
+    specials = tokenizer.num_special_tokens_to_add(pair=True)
+    if max_length - longest - specials > doc_stride(max_length):
+        return None
+    enough = next(n for n in range(max_length + 1, 100 * (longest + specials + 2))
+                  if n - longest - specials > doc_stride(n))
+    return (f"--max-length: {max_length} leaves no room for context in a {SQUAD_V2} window: its longest question is "
+            f"{longest} tokens, {specials} more are special, and a window shares a third ({doc_stride(max_length)}) "
+            f"with the next; give at least {enough}")
 
 
 def tokenize_qa_split(dataset: datasets.Dataset, tokenizer, max_length: int) -> QASplit:

@@ -8,8 +8,10 @@ hub are comparable row for row.
 """
 from __future__ import annotations
 
+import collections
 import csv
 import dataclasses
+import io
 import json
 import math
 from collections.abc import Mapping
@@ -18,10 +20,10 @@ from pathlib import Path
 import datasets
 
 from trainables.synthetic import make_synthetic
+from trialrows.recipe import QA_TASK as SQUAD_V2  # question answering: trainables.qa
 
 HUB_DATASET = "nyu-mll/glue"
 SYNTHETIC = "synthetic"
-SQUAD_V2 = "squad_v2"  # question answering: trainables.qa
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,8 +97,6 @@ def load_task(name: str, data_dir: str | None = None, *, synthetic_seed: int = 0
         train, validation = make_synthetic(seed=synthetic_seed)
         return TaskData(task, train, validation, "synthetic")
     if task.name == SQUAD_V2:
-        from trainables.qa import load_squad  # qa builds on this module
-
         return load_squad(data_dir)
     if data_dir is not None:
         root = Path(data_dir).resolve()
@@ -177,7 +177,7 @@ def read_glue_split(task: Task, data_dir: Path, split: str) -> datasets.Dataset:
     labels: list[float | int] = []
     # GLUE's sentences hold unbalanced quote characters, so a quote is plain text, never a field delimiter.
     # newline="" lets csv take CRLF as a line end; utf-8-sig drops the byte-order mark MRPC's files carry.
-    with open(path, encoding="utf-8-sig", newline="") as handle:
+    with io.StringIO(read_text(path), newline="") as handle:
         reader = csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE)
         header = next(reader, []) if layout.has_header else None
         if header == []:
@@ -198,6 +198,18 @@ def read_glue_split(task: Task, data_dir: Path, split: str) -> datasets.Dataset:
         raise ValueError(f"{path}: the file holds no examples" + (" after its header" if header else ""))
     columns = dict(zip(("text_a", "text_b"), texts))
     return datasets.Dataset.from_dict({**columns, "label": labels}, features=split_features(task))
+
+
+def read_text(path: Path) -> str:
+    """A data file's text; a file that is not UTF-8 is refused with the line of its first bad byte (a byte-order
+    mark is dropped, as MRPC's files carry one)."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = data[:err.start].count(b"\n") + 1
+        raise ValueError(f"{path}, line {line}: not UTF-8 text (byte {data[err.start]:#04x}); save the file as "
+                         "UTF-8") from None
 
 
 def column_position(column: str | int, header: list[str] | None, path: Path) -> int:
@@ -280,6 +292,10 @@ Records = list[tuple[str, dict]]  # (where: "FILE, line N", the example's column
 def task_split(source: TaskSource, task: Task, records: Records) -> datasets.Dataset:
     """Records as a split of the common schema: text_a (text_b), label (a class id, or a float)."""
     texts = [[text_value(where, record, column) for where, record in records] for column in source.text_columns]
+    for column, values in zip(source.text_columns, texts):
+        if not any(v.strip() for v in values):  # every example would train on its special tokens alone
+            raise ValueError(f"{records[0][0].rpartition(',')[0]}: text column '{column}' is empty in all "
+                             f"{len(values)} examples of task '{source.name}'")
     labels = [label_value(source, where, record[source.label_column], task.is_regression, task.label_names)
               for where, record in records]
     return datasets.Dataset.from_dict({**dict(zip(("text_a", "text_b"), texts)), "label": labels},
@@ -333,7 +349,7 @@ def read_file(path: Path) -> Records:
 
 def read_json_lines(path: Path) -> Records:
     records = []
-    with open(path, encoding="utf-8-sig") as handle:
+    with io.StringIO(read_text(path)) as handle:
         for number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
@@ -349,10 +365,14 @@ def read_json_lines(path: Path) -> Records:
 
 def read_delimited(path: Path, delimiter: str) -> Records:
     records = []
-    with open(path, encoding="utf-8-sig", newline="") as handle:
+    with io.StringIO(read_text(path), newline="") as handle:
         reader = csv.reader(handle, delimiter=delimiter)
         try:
             header = next(reader, None)
+            twice = sorted({c for c in header or () if header.count(c) > 1})
+            if twice:
+                raise ValueError(f"{path}, line 1: column '{twice[0]}' appears {header.count(twice[0])} times in the "
+                                 "header; each column needs its own name")
             for fields in reader:
                 if not fields:
                     continue
@@ -429,3 +449,80 @@ def label_value(source: TaskSource, where: str, value, regression: bool, names: 
         raise ValueError(f"{where}: label '{name}' never occurs in the {source.split_names[0]} split; "
                          f"its labels are {', '.join(names)}")
     return names.index(name)
+
+
+SQUAD_HUB_DATASET = "rajpurkar/squad_v2"
+SQUAD_FILES = {"train": "train-v2.0.json", "validation": "dev-v2.0.json"}
+SHAPE = '{"version", "data": [{"title", "paragraphs": [{"context", "qas": [{"id", "question", "answers": [{"text", "answer_start"}]}]}]}]}'
+
+
+# --- SQuAD 2.0 (question answering: trainables.qa tokenizes and scores it) --------------------------------------------------------------------------------------------
+
+
+def load_squad(data_dir: str | None = None) -> TaskData:
+    """SQuAD 2.0's train and dev splits, from the official files under `data_dir` or from the hub; one row
+    per question: id, question, context, answers {text, answer_start} (empty lists: unanswerable)."""
+    if data_dir is not None:
+        root = Path(data_dir).resolve()
+        train, validation = (read_squad_file(root / SQUAD_FILES[split]) for split in ("train", "validation"))
+        return TaskData(get_task(SQUAD_V2), train, validation, f"local:{root}")
+    hub = datasets.load_dataset(SQUAD_HUB_DATASET)
+    train, validation = (hub[split].select_columns(["id", "question", "context", "answers"])
+                         for split in ("train", "validation"))
+    for split, source in ((train, f"{SQUAD_HUB_DATASET} train"), (validation, f"{SQUAD_HUB_DATASET} validation")):
+        for row in split:
+            check_answers(source, row["id"], row["context"], row["answers"])
+    return TaskData(get_task(SQUAD_V2), train, validation, "hub")
+
+
+def read_squad_file(path: Path) -> datasets.Dataset:
+    if not path.is_file():
+        raise FileNotFoundError(f"task '{SQUAD_V2}': expected the official file {path}")
+    try:
+        document = json.loads(read_text(path))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not SQuAD JSON (not JSON at all: {err}); expected {SHAPE}") from None
+    rows = collections.defaultdict(list)
+    for qa, context in squad_questions(document, path):
+        answers = qa.get("answers")
+        if not isinstance(answers, list) or not all(isinstance(a, dict) and isinstance(a.get("text"), str)
+                                                    and isinstance(a.get("answer_start"), int) for a in answers):
+            raise ValueError(f"{path}: question {qa['id']}: 'answers' must be a list of {{\"text\", \"answer_start\"}}")
+        if bool(qa.get("is_impossible", not answers)) == bool(answers):
+            raise ValueError(f"{path}: question {qa['id']}: is_impossible={qa.get('is_impossible')} but it has "
+                             f"{len(answers)} answers; an unanswerable question has none, an answerable one some")
+        answers = {"text": [a["text"] for a in answers], "answer_start": [a["answer_start"] for a in answers]}
+        check_answers(str(path), qa["id"], context, answers)
+        for name, value in (("id", qa["id"]), ("question", qa["question"]), ("context", context), ("answers", answers)):
+            rows[name].append(value)
+    if not rows:
+        raise ValueError(f"{path}: the file holds no questions")
+    return datasets.Dataset.from_dict(dict(rows))
+
+
+def squad_questions(document, path: Path):
+    """(question, its context) for every question of a SQuAD JSON document; a clear error where the shape
+    is not SQuAD's."""
+    def fail(where: str) -> None:
+        raise ValueError(f"{path}: not SQuAD JSON ({where}); expected {SHAPE}")
+
+    if not isinstance(document, dict) or not isinstance(document.get("data"), list):
+        fail("no top-level 'data' list")
+    for i, article in enumerate(document["data"]):
+        if not isinstance(article, dict) or not isinstance(article.get("paragraphs"), list):
+            fail(f"data[{i}] has no 'paragraphs' list")
+        for j, paragraph in enumerate(article["paragraphs"]):
+            if not isinstance(paragraph, dict) or not isinstance(paragraph.get("context"), str) \
+                    or not isinstance(paragraph.get("qas"), list):
+                fail(f"data[{i}].paragraphs[{j}] has no 'context' text and 'qas' list")
+            for qa in paragraph["qas"]:
+                if not isinstance(qa, dict) or not isinstance(qa.get("id"), str) or not isinstance(qa.get("question"), str):
+                    fail(f"data[{i}].paragraphs[{j}] has a question without an 'id' and 'question' text")
+                yield qa, paragraph["context"]
+
+
+def check_answers(source: str, question_id: str, context: str, answers: dict) -> None:
+    for text, start in zip(answers["text"], answers["answer_start"]):
+        if start < 0 or context[start : start + len(text)] != text:
+            raise ValueError(f"{source}: question {question_id}: answer_start {start} does not point at its answer "
+                             f"{text!r} (the context there reads {context[max(start, 0) : max(start, 0) + len(text)]!r})")

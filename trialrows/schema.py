@@ -18,12 +18,23 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from trialrows.experiments import VIEWS
+from trialrows.declare import arrow_type
+from trialrows.experiments import NEW_COLUMNS
+from trialrows.recipe import RECIPE, Recipe
 
 SETTING, REPLICATE, RESULT = "setting", "replicate", "result"
 
 _INT, _FLOAT, _STR, _BOOL = pa.int64(), pa.float64(), pa.string(), pa.bool_()
 _INTS, _FLOATS, _STRS = pa.list_(pa.int64()), pa.list_(pa.float64()), pa.list_(pa.string())
+
+
+
+def _recipe_columns(identity: bool) -> tuple:
+    """The training settings' columns, typed and placed by their declaration: a setting that changes no number
+    (identity=False) is a result, how the trial ran."""
+    return tuple((o.name, pa.type_for_alias(arrow_type(Recipe, o.name)), SETTING if identity else RESULT)
+                 for o in RECIPE if o.identity == identity)
+
 
 # (column, Arrow type, role), in the order the files hold them.
 COLUMNS: tuple[tuple[str, pa.DataType, str], ...] = (
@@ -40,14 +51,7 @@ COLUMNS: tuple[tuple[str, pa.DataType, str], ...] = (
     ("reinit_mode", _STR, SETTING),
     ("keep_layernorm", _BOOL, SETTING),
     ("reinit_pooler", _BOOL, SETTING),
-    ("epochs", _INT, SETTING),
-    ("lr", _FLOAT, SETTING),
-    ("batch_size", _INT, SETTING),
-    ("max_length", _INT, SETTING),
-    ("weight_decay", _FLOAT, SETTING),
-    ("lr_schedule", _STR, SETTING),
-    ("max_grad_norm", _FLOAT, SETTING),
-    ("precision", _STR, SETTING),
+    *_recipe_columns(identity=True),  # epochs, lr, batch_size, max_length, ... (trialrows.recipe)
     ("recipe_version", _INT, SETTING),
     ("lr_multiplier", _FLOAT, SETTING),
     ("intermediate_task", _STR, SETTING),
@@ -129,7 +133,7 @@ COLUMNS: tuple[tuple[str, pa.DataType, str], ...] = (
     ("label_names", _STRS, RESULT),
     ("task_file", _STR, RESULT),
     # How it ran: changes no number.
-    ("eval_every", _INT, RESULT),
+    *_recipe_columns(identity=False),  # eval_every
     ("pack_size", _INT, RESULT),
     ("pack_id", _STR, RESULT),
     ("train_seconds", _FLOAT, RESULT),
@@ -152,8 +156,13 @@ COLUMNS: tuple[tuple[str, pa.DataType, str], ...] = (
     ("finished_at", _STR, RESULT),  # ISO 8601 with its UTC offset; compared as timestamps (results.prepare)
 )
 
+_BASE = {name for name, _, _ in COLUMNS}
+for _name, _ in NEW_COLUMNS:  # an experiment may not declare a column again at another type
+    if _name in _BASE:
+        raise ValueError(f"row column '{_name}' is declared by trialrows.schema already; an experiment writes it "
+                         "without declaring it")
 # The columns of experiments added since, each declared in its own trialrows.experiments entry.
-COLUMNS += tuple((name, pa.type_for_alias(kind), SETTING) for view in VIEWS.values() for name, kind in view.new_columns)
+COLUMNS += tuple((name, pa.type_for_alias(kind), SETTING) for name, kind in NEW_COLUMNS)
 SCHEMA = pa.schema([pa.field(name, kind) for name, kind, _ in COLUMNS])
 ROLES = {name: role for name, _, role in COLUMNS}
 

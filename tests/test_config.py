@@ -1,0 +1,192 @@
+"""A sweep is one value: each setting declared once, and the command line, a config file (YAML or TOML), the
+Python API, the trial's Tune config and its row all made from that declaration; every sweep writes its
+resolved config, which reruns it exactly; every README example also runs from a config file."""
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+import sweep.cli
+from sweep.api import configure
+from sweep.cli import build_parser, main, parse_command_line
+from sweep.config import CONFIG_FILE, Refused, options_of, read_config, resolve, to_yaml
+from sweep.experiments import EXPERIMENTS
+from sweep.store import sweep_dir, write_row
+from trialrows.recipe import RECIPE, Recipe
+from trialrows.schema import ROLES, SCHEMA, SETTING
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def other_value(option):
+    """A value of the option other than its default, as a config file writes it."""
+    if option.choices:
+        return next(c for c in reversed(option.choices) if c != option.default)
+    if option.type is int:
+        return 2 if option.default != 2 else 3
+    if option.type is float:
+        return 0.5 if option.default != 0.5 else 0.25
+    raise AssertionError(f"no other value for {option.flag}")
+
+
+def toml_value(value):
+    return f'"{value}"' if isinstance(value, str) else repr(value)
+
+
+@pytest.mark.parametrize("experiment", sorted(EXPERIMENTS))
+def test_no_setting_is_declared_twice(experiment):
+    options = options_of(experiment)
+    names, flags = [o.name for o in options], [o.flag for o in options]
+    assert len(set(names)) == len(names) and len(set(flags)) == len(flags)
+    assert "preset" not in names and "config" not in names and "experiment" not in names
+
+
+@pytest.mark.parametrize("option", RECIPE, ids=lambda o: o.flag)
+def test_a_training_setting_reads_the_same_from_every_route_and_reaches_the_row(option, tiny_bert, tmp_path):
+    """One declaration (trialrows.recipe) gives the flag, the config key, the API keyword, the Tune config's
+    field and the row's column, at its declared type."""
+    value = other_value(option)
+    base = dict(model=tiny_bert, tasks=["synthetic"], sizes=[16], trials=["1"], k=[4])
+    yaml_file, toml_file = tmp_path / "s.yaml", tmp_path / "s.toml"
+    yaml_file.write_text("".join(f"{k}: {v}\n" for k, v in {**base, option.name: value}.items()))
+    toml_file.write_text("".join(f"{k} = {toml_value(v) if not isinstance(v, list) else '[' + ', '.join(map(toml_value, v)) + ']'}\n"
+                                 for k, v in {**base, option.name.replace('_', '-'): value}.items()))
+    command = ["incremental", "--model", tiny_bert, "--tasks", "synthetic", "--sizes", "16", "--trials", "1",
+               "--k", "4", option.flag, str(value)]
+    routes = {
+        "command line": parse_command_line(command),
+        "yaml": parse_command_line(["incremental", "--config", str(yaml_file)]),
+        "toml": parse_command_line(["incremental", "--config", str(toml_file)]),
+        "python": configure("incremental", **base, **{option.name: value}),
+    }
+    grids = {route: s.grid for route, s in routes.items()}
+    assert len(set(grids.values())) == 1, grids
+    (spec,) = EXPERIMENTS["incremental"].build(routes["python"].grid, 4, 4)
+    assert getattr(spec, option.name) == value
+    assert spec.to_config()["finetune"][option.name] == value  # what the trainable's FinetuneConfig gets
+    assert spec.row()[option.name] == value and option.name in SCHEMA.names
+    assert (ROLES[option.name] == SETTING) == option.identity
+    assert (option.name in spec.identity()) == option.identity
+    assert option.flag in build_parser()._subparsers._group_actions[0].choices["incremental"].format_help()
+
+
+def test_recipe_fields_are_the_trainables_and_the_trials():
+    import dataclasses
+
+    from sweep.grid import TrialSpec
+    from trainables.finetune import FinetuneConfig
+
+    recipe = {f.name for f in dataclasses.fields(Recipe)}
+    assert recipe <= {f.name for f in dataclasses.fields(FinetuneConfig)}
+    assert recipe <= {f.name for f in dataclasses.fields(TrialSpec)}
+    assert issubclass(FinetuneConfig, Recipe) and issubclass(TrialSpec, Recipe)
+
+
+def test_trial_ids_are_the_same_from_a_config_file(tmp_path):
+    """Stores written before still skip what they hold: the ids pinned by test_experiments, through a file."""
+    path = tmp_path / "paper.yaml"
+    path.write_text("experiment: incremental\nmodel: bert-base-uncased\ntasks: [sst2]\nsizes: [500]\ntrials: [2]\n"
+                    "k: [0, 12]\nlr: 2e-5\n")  # YAML reads 2e-5 as a string: the declared type makes it 2e-05
+    grid = parse_command_line(["--config", str(path)]).grid
+    ids = [s.trial_id for s in EXPERIMENTS["incremental"].build(grid, 12, 12)]
+    assert ids == ["incremental-sst2-n500-k0-t0-a21dd0bd02", "incremental-sst2-n500-k12-t0-6937124c60",
+                   "incremental-sst2-n500-k0-t1-b4fff5147f", "incremental-sst2-n500-k12-t1-6d06f3224a"]
+
+
+def test_the_command_line_overrides_the_file_and_unknown_keys_are_named(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text("experiment: heads\nlayers: [1]\nlr: 1e-4\nbatch_size: 4\n")
+    got = parse_command_line(["heads", "--config", str(path), "--lr", "3e-4"])
+    assert got.grid.lr == 3e-4 and got.grid.batch_size == 4 and got.grid.layers == (1,)
+    path.write_text("experiment: heads\nblock_size: 2\nlearning_rate: 1\n")
+    with pytest.raises(Refused) as refused:
+        parse_command_line(["--config", str(path)])
+    assert "--block-size: an option of localized; heads does not take it" in str(refused.value)
+    assert "--learning-rate: not a setting of heads" in str(refused.value)
+    with pytest.raises(Refused, match="is a 'heads' sweep; run it as python -m sweep heads"):
+        parse_command_line(["incremental", "--config", str(path)])
+
+
+def test_a_preset_never_overrides_what_was_given_and_the_demo_picks_go_with_own_data():
+    demo = resolve("incremental", {})
+    assert (demo.grid.k, demo.grid.trials, demo.grid.epochs) == ((0, 6), ((0, 1),), 3)
+    own = resolve("incremental", {"sizes": [200]})
+    assert (own.grid.k, own.grid.trials, own.grid.epochs, own.grid.sizes) == (None, ((0, 3),), None, (200,))
+    assert set(own.dropped) == {"k", "trials", "epochs"} and "sizes" not in own.filled
+    paper = resolve("incremental", {"trials": ["2"]}, "paper")
+    assert paper.grid.trials == ((0, 2),) and paper.grid.model == "bert-base-uncased"
+
+
+def test_the_dry_run_shows_the_resolved_grid_and_the_preset(capsys):
+    assert main(["incremental", "--sizes", "200", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "preset demo: filled --model minilm, --tasks synthetic; its picks" in out
+    assert "--k all · --trials 3 · --epochs 5 (5 up to 500 examples, else 3) · --lr 2e-05" in out
+    assert "--precision fp32 · --pack auto" in out and "total: 21 trials" in out
+
+
+def fake_run(todo, settings, options, folder, pretrained, raw=None, **_):
+    for spec in todo:
+        write_row(folder, {**spec.row(), "status": "ok", "metric_name": "accuracy", "dev_metric": 0.5})
+
+
+def test_a_sweep_writes_its_resolved_config_and_that_file_reruns_it_exactly(tiny_bert, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sweep.cli, "run", fake_run)
+    monkeypatch.chdir(tmp_path)
+    argv = ["heads", "--model", tiny_bert, "--tasks", "synthetic", "--sizes", "16", "--layers", "2", "--heads", "1",
+            "--trials", "2", "--lr", "1e-4", "--storage", "store", "--name", "h"]
+    assert main(argv) == 0
+    assert "0 already done, 4 to run" in capsys.readouterr().out
+    written = sweep_dir(str(tmp_path / "store"), "h") / CONFIG_FILE
+    experiment, preset, settings = read_config(written)
+    assert experiment == "heads" and settings["lr"] == 1e-4 and settings["storage"] == str(tmp_path / "store")
+    assert settings["trials"] == ["2"] and settings["max_length"] == 128 and "dry_run" not in settings
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # the file names its store absolutely
+    assert main(["--config", str(written)]) == 0
+    assert "4 already done, 0 to run" in capsys.readouterr().out
+    assert main(["--config", str(written), "--trials", "3"]) == 0  # a widened grid runs only its new trials
+    assert "4 already done, 2 to run" in capsys.readouterr().out
+
+
+def readme_commands() -> list[list[str]]:
+    """Every `python -m sweep EXPERIMENT ...` line of the README's code blocks (continuations joined)."""
+    text = (ROOT / "README.md").read_text().replace("\\\n", " ")
+    blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
+    found = []
+    for line in (line.strip() for block in blocks for line in block.splitlines()):
+        for command in re.findall(r"python -m sweep ((?:[a-z-]+)(?: [^&#|]*)?)", line):
+            words = shlex.split(command)
+            if words and words[0] in EXPERIMENTS:
+                found.append(words)
+    return found
+
+
+def test_every_readme_example_also_runs_from_a_config_file(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)  # the README's paths are relative to the repository
+    commands = readme_commands()
+    assert len(commands) >= 15
+    for i, words in enumerate(commands):
+        try:
+            value = parse_command_line(words)
+        except Refused:
+            continue  # an example about a file of the user's own (reviews=./reviews)
+        path = tmp_path / f"example{i}.yaml"
+        path.write_text(to_yaml(value))
+        from_file = parse_command_line(["--config", str(path)])
+        assert from_file.grid == value.grid and from_file.settings() == value.settings(), words
+        # The same value runs the same (execute is made from the value alone): the file's dry run plans its grid,
+        # or is refused only for what this machine lacks (a cluster at --address auto, its GPUs, a bucket, the
+        # hub's models, the user's own folders).
+        code = main(["--config", str(path), "--dry-run"])
+        out, err = capsys.readouterr()
+        if code == 2:
+            assert all(line.startswith(("  - --address", "  - --gpus-per-trial", "  - --storage", "  - --model",
+                                        "  - --task-file"))
+                       for line in err.splitlines()[1:] if line.startswith("  - ")), (words, err)
+        else:
+            assert code == 0 and re.search(r"total: [\d,]+ trials", out), words
