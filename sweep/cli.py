@@ -518,6 +518,11 @@ def execute(sweep: Sweep, *, argv: list[str] | None = None, callbacks=(), dry_ru
     dry_run = sweep.run.dry_run if dry_run is None else dry_run
     if dry_run:
         return planned_and_run(sweep, argv, callbacks, dry_run=True)
+    # The lock's folder is made from these two: a bad one is refused before anything is written.
+    problems = [p for option in options_of(sweep.experiment) if option.flag in ("--name", "--storage")
+                for p in option.problems(sweep.value(option), None)]
+    if problems:
+        raise Refused(problems)
     # One writer at a time: a second command for this sweep waits, then plans from the rows the first left.
     command = "python -m sweep " + (shlex.join(argv) if argv else f"--config {config_path(sweep)}")
     with contextlib.ExitStack() as held:

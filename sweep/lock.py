@@ -35,25 +35,16 @@ def sweep_lock(sweep: str, command: str, poll: float = 2.0, clock=time.time):
     """Hold the sweep's lock for the body of the `with`, waiting (and saying so) while another command holds it."""
     fs, folder = filesystem(sweep)
     path = f"{folder}/{LOCK}"
+    made = _missing_folders(fs, folder)  # removed again if left empty: a refused command leaves no trace
     claim = {"host": platform.node(), "pid": os.getpid(), "command": command, "token": uuid.uuid4().hex,
              "started_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     announced = False
-    while not _claim(fs, folder, path, {**claim, "heartbeat": clock()}):
-        holder = read_lock(fs, path)
-        if holder is None:
-            continue  # released (or unreadable and removed) in between: try again at once
-        gone = why_gone(holder, clock())
-        if gone:
-            print(f"taking over the sweep's lock {path} from `{holder.get('command')}` on {holder.get('host')} "
-                  f"(pid {holder.get('pid')}): {gone}", flush=True)
-            _delete(fs, path)
-            continue
-        if not announced:
-            print(f"waiting: `{holder.get('command')}` on {holder.get('host')} (pid {holder.get('pid')}, since "
-                  f"{holder.get('started_at')}) is writing this sweep ({path}); this command plans and runs what is "
-                  "left once it ends (Ctrl-C to stop waiting)", flush=True)
-            announced = True
-        time.sleep(poll)
+    try:
+        while not _claim(fs, folder, path, {**claim, "heartbeat": clock()}):
+            announced = _wait_for(fs, path, announced, poll, clock)
+    except BaseException:
+        _remove_empty(made)
+        raise
     stop = threading.Event()
     beat = threading.Thread(target=_heartbeat, args=(fs, path, claim, stop, clock), daemon=True)
     beat.start()
@@ -65,6 +56,45 @@ def sweep_lock(sweep: str, command: str, poll: float = 2.0, clock=time.time):
         held = read_lock(fs, path)
         if held is not None and held.get("token") == claim["token"]:
             _delete(fs, path)
+        _remove_empty(made)
+
+
+def _wait_for(fs, path: str, announced: bool, poll: float, clock) -> bool:
+    """One look at the lock held by another command: take it over if its holder is gone, else wait a moment
+    (saying so once). Returns whether the wait has been announced."""
+    holder = read_lock(fs, path)
+    if holder is None:
+        return announced  # released (or unreadable and removed) in between: try again at once
+    gone = why_gone(holder, clock())
+    if gone:
+        print(f"taking over the sweep's lock {path} from `{holder.get('command')}` on {holder.get('host')} "
+              f"(pid {holder.get('pid')}): {gone}", flush=True)
+        _delete(fs, path)
+        return announced
+    if not announced:
+        print(f"waiting: `{holder.get('command')}` on {holder.get('host')} (pid {holder.get('pid')}, since "
+              f"{holder.get('started_at')}) is writing this sweep ({path}); this command plans and runs what is "
+              "left once it ends (Ctrl-C to stop waiting)", flush=True)
+    time.sleep(poll)
+    return True
+
+
+def _remove_empty(folders: list[str]) -> None:
+    for folder in folders:
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)  # only when empty
+
+
+def _missing_folders(fs, folder: str) -> list[str]:
+    """The local folders the lock's file will create, deepest first (an object store has no folders)."""
+    if not isinstance(fs, pyarrow.fs.LocalFileSystem):
+        return []
+    missing, here = [], folder
+    while here and not os.path.exists(here):
+        missing.append(here)
+        parent = os.path.dirname(here)
+        here = parent if parent != here else ""
+    return missing
 
 
 def read_lock(fs, path: str) -> dict | None:

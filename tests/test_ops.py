@@ -3,6 +3,7 @@ their checkpoints) completes the sweep; a trial whose worker dies resumes from i
 to the same numbers; multi-node runs."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 import subprocess
@@ -87,7 +88,10 @@ def test_trial_killed_mid_run_resumes_from_its_checkpoint_in_the_bucket_to_the_s
     assert table.loc[0, "resumed_from_epoch"] == 2, "the trial must have gone on from its epoch-2 checkpoint"
 
     # The same trial, uninterrupted and without Ray, gives exactly the same numbers.
-    [spec] = EXPERIMENTS["incremental"].build(parse_command_line(argv).grid, 4, 4)
+    [spec] = EXPERIMENTS["incremental"].build(parse_command_line(argv).grid, 4, 4)  # no fingerprints: a dry run's
+    assert spec.trial_id == table.loc[0, "settings_id"]
+    spec = dataclasses.replace(spec, data_fingerprint=table.loc[0, "data_fingerprint"],
+                               model_fingerprint=table.loc[0, "model_fingerprint"])
     assert spec.trial_id == table.loc[0, "trial_id"]
     data = tokenize_task(load_task("synthetic"), load_tokenizer(tiny_bert), tiny_bert, 128)
     clean = finetune(finetune_config(spec.to_config(), gpu_fraction=0.0, threads=1), data, load_pretrained(tiny_bert))
