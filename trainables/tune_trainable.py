@@ -15,12 +15,11 @@ import shutil
 import tempfile
 import time
 
-import torch
-
+from trainables import state as state_files
 from trainables.ablations import ablation_from_dict
 from trainables.finetune import FinetuneConfig, finetune
 
-STATE_FILE = "training_state.pt"
+STATE_FILE = state_files.STATE_FILE  # in a checkpoint's folder: it holds a training state (trainables.state)
 # Test-only fault injection: a trial on its first attempt dies (as a preempted machine would) right after
 # reporting this epoch, so tests can watch Tune bring it back from its checkpoint.
 FAIL_AFTER_EPOCH = "REINIT_SWEEP_FAIL_AFTER_EPOCH"
@@ -47,7 +46,7 @@ class EpochCheckpoints:
         if self.every is None or time.monotonic() - self.last < self.every:
             return
         self.pending = tempfile.mkdtemp(prefix="reinit-sweep-checkpoint-")
-        torch.save(state, os.path.join(self.pending, STATE_FILE))
+        state_files.save_state(self.pending, state)
 
     def report(self, result: dict) -> None:
         from ray import tune
@@ -69,9 +68,8 @@ def load_state(checkpoint) -> dict | None:
     surviving checkpoint of the same trial is the one to go on from, not a fresh start."""
     for candidate in [checkpoint, *reversed(sibling_checkpoints(checkpoint))]:
         with candidate.as_directory() as folder:
-            path = os.path.join(folder, STATE_FILE)
-            if os.path.exists(path):
-                return torch.load(path, map_location="cpu", weights_only=True)
+            if state_files.has_state(folder):
+                return state_files.load_state(folder)
     return None
 
 
