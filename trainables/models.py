@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
+import threading
 from pathlib import Path
 
 import torch
@@ -177,10 +178,14 @@ def classifier_skeleton(pretrained: Pretrained, num_labels: int) -> nn.Module:
         return AutoModelForSequenceClassification.from_config(config)
 
 
+_GLOBAL_GENERATOR = threading.Lock()
+
+
 def init_fresh_parts(model: nn.Module, seed: int) -> None:
     """Hugging Face's initializer over the model, skipping every parameter marked loaded (`mark_loaded`): the
-    rest is drawn from torch's generator seeded with `seed`, in the model's own order; buffers are rebuilt."""
-    with torch.random.fork_rng(devices=[]):
+    rest is drawn from torch's generator seeded with `seed`, in the model's own order; buffers are rebuilt.
+    One at a time: the draw seeds torch's one global generator (a fused pack sets its trials up in threads)."""
+    with _GLOBAL_GENERATOR, torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model.initialize_weights()
 
