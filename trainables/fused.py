@@ -73,8 +73,8 @@ ACCUMULATED = ("position", "token_type", "emb_ln_w", "emb_ln_b", "attn_ln_w", "a
 # step STEP, default 0), as a card too small for it would, so tests can watch the pack split and go on.
 OOM_ABOVE = "REINIT_SWEEP_OOM_ABOVE"
 # The ACCUMULATED tensors' gradients are views of the gradient bank, strided over the pack on purpose; autograd
-# adds into them in place and says that a strided gradient "may impair performance" (they are small).
-warnings.filterwarnings("ignore", message="grad and param do not obey the gradient layout contract")
+# adds into them in place and warns that a strided gradient "may impair performance" (they are small).
+LAYOUT_WARNING = "grad and param do not obey the gradient layout contract"
 
 
 def unfused_reason(cfg: FinetuneConfig, pretrained: Pretrained) -> str | None:
@@ -253,15 +253,15 @@ def pretrained_rows(layout: Layout, template: torch.nn.Module, pretrained: Pretr
 
 
 def set_up_pack(cfgs: list[FinetuneConfig], data: TokenizedTask, pretrained: Pretrained, device,
-                workers: int | None = None) -> tuple[Layout, list[TrialSetup], list[torch.Tensor]]:
+                workers: int | None = None, staged: bool | None = None) -> tuple[Layout, list[TrialSetup], list[torch.Tensor]]:
     """(layout, setups, banks [P, D] on `device`): every trial set up as `finetune` would, `workers` trials at a
     time in threads (default: the CPU threads torch uses). On a CPU each trial is drawn in place in its row of
-    the banks; on a GPU into a host copy of the pretrained rows, then copied over."""
+    the banks; on a GPU (`staged`) into a host copy of the pretrained rows, then copied over."""
     template = classifier_skeleton(pretrained, data.num_labels)
     layout = Layout.of(template)
     source = pretrained_rows(layout, template, pretrained)
     banks = [torch.empty((len(cfgs), width), device=device) for width in layout.widths]
-    on_host = banks[0].device.type == "cpu"
+    on_host = banks[0].device.type == "cpu" if staged is None else not staged
     if on_host:
         for bank, row in zip(banks, source):
             bank.copy_(row.expand_as(bank))
@@ -818,7 +818,9 @@ class Pack:
         else:
             losses = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view(labels.shape).mean(1)
         finite = torch.isfinite(losses)
-        torch.where(finite, losses, 0.0).sum().backward()
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=LAYOUT_WARNING)
+            torch.where(finite, losses, 0.0).sum().backward()
         clipped = clip_per_trial(self, self.max_norms)
         if update:
             self.optimizer.step()
@@ -1037,18 +1039,23 @@ def finetune_pack(cfgs: list[FinetuneConfig], data: TokenizedTask, pretrained: P
     torch.set_num_threads(max(1, max(c.threads for c in cfgs)))
     check_pack(cfgs, pretrained)
     pack_id = pack_id or uuid.uuid4().hex[:12]
+    results: list[dict] = [{} for _ in cfgs]
     if resume is not None:
         runs = [PackRun.from_state(saved, PackParts.set_up([cfgs[i] for i in saved["members"]], data, pretrained,
                                                              pick_device(cfgs[0].gpu_fraction)))
                 for saved in resume["runs"]]
+        finished = {int(i): result for i, result in resume.get("finished", {}).items()}
+        for i, result in finished.items():
+            results[i] = result
+        if finished and report is not None:  # their rows come from the last report: it must hold them again
+            report(finished)
     else:
         pack = Pack(cfgs, data, pretrained)
         runs = [PackRun(list(range(len(cfgs))), pack, None, Position(), [Ledger() for _ in cfgs])]
-    results: list[dict] = [{} for _ in cfgs]
     while runs:
         run = runs[0]
         try:
-            Trainer(cfgs, data, pretrained, pack_id, started, report, save).train(run, parked=runs[1:])
+            Trainer(cfgs, data, pretrained, pack_id, started, report, save).train(run, parked=runs[1:], done=results)
         except torch.OutOfMemoryError:
             if len(run.members) == 1:
                 raise
@@ -1069,7 +1076,9 @@ class Trainer:
         self.cfgs, self.data, self.pretrained, self.pack_id = cfgs, data, pretrained, pack_id
         self.started, self.report, self.save = started, report, save
 
-    def train(self, run: PackRun, parked: list[PackRun]) -> None:
+    def train(self, run: PackRun, parked: list[PackRun], done: list[dict]) -> None:
+        """Train `run` to its end; `parked`: the runs still to come, `done`: every member's final result so far
+        (empty for those not finished): a checkpoint holds them all."""
         cfg, data = self.cfgs[0], self.data
         pack = run.materialize(self.cfgs, data, self.pretrained)
         peak_flops(str(pack.compute.device))  # measured (CPU) outside every timed stretch
@@ -1117,7 +1126,8 @@ class Trainer:
             position.epoch, position.step, position.orders, position.losses = epoch + 1, 0, None, []
             if self.save is not None and not last and any(ledger.running for ledger in run.ledgers):
                 elapsed = time.perf_counter() - self.started
-                self.save({"pack_id": self.pack_id, "runs": [r.state(elapsed) for r in [run, *parked]]})
+                self.save({"pack_id": self.pack_id, "runs": [r.state(elapsed) for r in [run, *parked]],
+                           "finished": {i: result for i, result in enumerate(done) if result}})
             if self.report is not None and reports:
                 self.report(reports)
             if not any(ledger.running for ledger in run.ledgers):
