@@ -198,15 +198,13 @@ def run_trials(
         if not specs:
             return None, []
     writer = make_row_writer(folder, keep_checkpoints)
-    checkpointed = checkpoint_every is not None and checkpoint_every < CHECKPOINT_EVERY
     size, fuse_alone = resolve_pack(getattr(options, "pack", 1), gpus_per_trial,
-                                    max(map(parameter_count, pretrained.values())), checkpointed)
+                                    max(map(parameter_count, pretrained.values())))
     units = group_into_packs([spec.to_config() for spec in specs], size, pretrained, fuse_alone)
     if size > 1 or fuse_alone:
         fused = sum("pack" in unit for unit in units)
         print(f"--pack {getattr(options, 'pack', 1)}: up to {size} trial{'s' * (size > 1)} a fused pack; {len(specs)} "
-              f"trials in {len(units)} Tune trials, {fused} of them fused packs (packs keep no checkpoint; "
-              f"--checkpoint-every below {CHECKPOINT_EVERY:g} or --pack 1 trains trials alone, checkpointed)", flush=True)
+              f"trials in {len(units)} Tune trials, {fused} of them fused packs", flush=True)
     tuner = make_tuner(
         trainable, param_space={"trial": tune.grid_search(units)}, name=experiment_name(), storage_path=tune_dir,
         callbacks=[writer, ProgressView({s.trial_id: s.train_size * s.epochs for s in specs})],

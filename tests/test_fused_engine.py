@@ -156,8 +156,8 @@ def test_a_pack_resumed_from_its_checkpoint_ends_with_the_same_numbers(pretraine
 def test_parts_of_a_pack_make_the_same_pack(quiet, synthetic):
     pack = Pack(MIXED[:3], synthetic, quiet)
     pack.train_epoch()
-    rebuilt = Pack([MIXED[2], MIXED[0]], synthetic, quiet, parts=pack.parts([2, 0]))
-    clone = Pack([MIXED[2], MIXED[0]], synthetic, quiet, parts=pack.parts([2, 0]))
+    rebuilt = Pack([MIXED[2], MIXED[0]], synthetic, quiet, parts=pack.parts().select([2, 0]))
+    clone = Pack([MIXED[2], MIXED[0]], synthetic, quiet, parts=pack.parts().select([2, 0]))
     assert torch.equal(rebuilt.banks[1], pack.banks[1][[2, 0]])
     a, b = rebuilt.train_epoch()[0], pack.train_epoch()[0]
     np.testing.assert_allclose(a.numpy(), b[:, [2, 0]].numpy(), rtol=1e-5)

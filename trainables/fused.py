@@ -893,21 +893,17 @@ class Pack:
                    *[t for t in self.start.values() if t.device == self.banks[0].device]]
         return peak_bytes(run, self.compute.device, tracked)
 
-    def parts(self, members: list[int] | None = None, device="cpu") -> "PackParts":
-        """The state of `members` (default all) copied to `device`, to build a pack of them later; `device`
-        None: all members' live tensors, no copy (a checkpoint writes them out)."""
-        members = list(range(len(self))) if members is None else members
-        index = torch.tensor(members, device=self.banks[0].device)
-        if device is None:
-            pick = lambda tensors: list(tensors) if tensors else None  # noqa: E731
-        else:
-            pick = lambda tensors: [t.index_select(0, index).to(device) for t in tensors] if tensors else None  # noqa: E731
-        return PackParts(layout=self.layout, setups=[self.setups[i] for i in members], banks=pick(self.banks),
-                         exp_avg=pick(self.exp_avg), exp_avg_sq=pick(self.exp_avg_sq),
-                         start=self.start if device is None else {n: t[members] for n, t in self.start.items()},
+    def parts(self, device="cpu") -> "PackParts":
+        """The pack's state copied to `device` (the host: nothing is allocated on a GPU, which may be out of
+        memory), to build packs of its members later; `device` None: the live tensors, no copy (a checkpoint
+        writes them out)."""
+        move = (lambda tensors: list(tensors) if tensors else None) if device is None else \
+            (lambda tensors: [t.to(device, copy=True) for t in tensors] if tensors else None)  # noqa: E731
+        return PackParts(layout=self.layout, setups=list(self.setups), banks=move(self.banks),
+                         exp_avg=move(self.exp_avg), exp_avg_sq=move(self.exp_avg_sq), start=self.start,
                          step_count=self.optimizer.step_count,
-                         rng_states=[self.rngs[i].bit_generator.state for i in members],
-                         active=self.active[index].tolist(), clipped=self.clipped[index].tolist())
+                         rng_states=[rng.bit_generator.state for rng in self.rngs],
+                         active=self.active.tolist(), clipped=self.clipped.tolist())
 
 
 @dataclasses.dataclass
@@ -925,6 +921,15 @@ class PackParts:
     rng_states: list[dict] | None = None
     active: list[bool] | None = None
     clipped: list[int] | None = None
+
+    def select(self, members: list[int]) -> "PackParts":
+        """The parts of some members only (in this order)."""
+        pick = lambda tensors: [t[members] for t in tensors] if tensors else None  # noqa: E731
+        return dataclasses.replace(
+            self, setups=[self.setups[i] for i in members], banks=pick(self.banks), exp_avg=pick(self.exp_avg),
+            exp_avg_sq=pick(self.exp_avg_sq), start={n: t[members] for n, t in self.start.items()},
+            rng_states=[self.rng_states[i] for i in members], active=[self.active[i] for i in members],
+            clipped=[self.clipped[i] for i in members])
 
     @classmethod
     def set_up(cls, cfgs, data, pretrained, device, workers: int | None = None) -> "PackParts":
@@ -980,16 +985,16 @@ class PackRun:
     def split(self) -> list["PackRun"]:
         """Two runs of half the members each, going on from this one's position (the step under way is done
         again), their state in host memory until each is materialized; this run's memory is given back."""
-        pack, half = self.pack, len(self.members) // 2
+        host, half = self.pack.parts(), len(self.members) // 2
+        self.pack = None
         halves = []
         for members in (list(range(half)), list(range(half, len(self.members)))):
-            parts = pack.parts(members)
+            parts = host.select(members)
             position = dataclasses.replace(
                 self.position, orders=None if self.position.orders is None else [self.position.orders[i] for i in members],
                 losses=[loss[members] for loss in self.position.losses])
             halves.append(PackRun([self.members[i] for i in members], None, parts, position,
                                   [self.ledgers[i] for i in members], self.resumed_from))
-        self.pack = None
         return halves
 
     def state(self, elapsed: float) -> dict:
@@ -1056,9 +1061,12 @@ def finetune_pack(cfgs: list[FinetuneConfig], data: TokenizedTask, pretrained: P
         run = runs[0]
         try:
             Trainer(cfgs, data, pretrained, pack_id, started, report, save).train(run, parked=runs[1:], done=results)
+            out_of_memory = False
         except torch.OutOfMemoryError:
             if len(run.members) == 1:
                 raise
+            out_of_memory = True
+        if out_of_memory:  # out of the handler: the failed step's tensors, held by its traceback, are gone
             runs[:1] = run.split()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()

@@ -112,7 +112,7 @@ def finetune_trainable(config: dict, data: dict, pretrained: dict, checkpoint_ev
 
     trial = config["trial"]
     if "pack" in trial:
-        run_pack(trial, data, pretrained, run_only)
+        run_pack(trial, data, pretrained, run_only, checkpoint_every)
         return
     if run_only is not None and trial["trial_id"] not in run_only:
         return
@@ -134,11 +134,13 @@ def finetune_trainable(config: dict, data: dict, pretrained: dict, checkpoint_ev
              save=checkpoints.save if checkpoint_every is not None else None, resume=resume)
 
 
-def run_pack(pack: dict, data: dict, pretrained: dict, run_only: frozenset | None) -> None:
+def run_pack(pack: dict, data: dict, pretrained: dict, run_only: frozenset | None,
+             checkpoint_every: float | None = None) -> None:
     """A pack of trials (sweep.packs) as one computation. Each epoch's report holds, under `pack_results` (by
     trial_id), every
     member's latest figures (a diverged member's stay as they were when it stopped); the sweep writes one row
-    per member from the last. Packs keep no checkpoint: a restarted pack trains its members from the start."""
+    per member from the last. Checkpoints as a single trial's (`pack_checkpoints`): a restarted pack goes on
+    from its last one."""
     from ray import tune
 
     from trainables.fused import finetune_pack
@@ -164,7 +166,28 @@ def run_pack(pack: dict, data: dict, pretrained: dict, run_only: frozenset | Non
         if len(members) == 1:  # reported as the trial alone would be, so TensorBoard shows its curves the same
             own = {k: v for k, v in latest[0].items() if k != "trial_id"}
             summary = {**own, **summary, "status": own.get("status", "ok")}
-        tune.report(summary)
+        to_tune(summary)
 
+    save, resume, to_tune = pack_checkpoints(members, checkpoint_every)
     finetune_pack(cfgs, data[pack["data_key"]], pretrained[pack["model_key"]], report=report,
-                  pack_id=pack["trial_id"])
+                  pack_id=pack["trial_id"], save=save, resume=resume)
+
+
+def pack_checkpoints(members: list[dict], checkpoint_every: float | None):
+    """(save, resume, report to Tune) for `finetune_pack`, as `finetune_trainable` has them for one trial: the
+    pack's state at epoch ends every `checkpoint_every` seconds, and the state to go on from, if Tune restarted
+    the pack from a checkpoint of these very members (else None: a fresh start)."""
+    from ray import tune
+
+    ids = [m["trial_id"] for m in members]
+    checkpoint = tune.get_checkpoint()
+    resume = load_state(checkpoint) if checkpoint is not None else None
+    if resume is not None and resume.get("trial_ids") != ids:
+        resume = None
+    checkpoints = EpochCheckpoints(checkpoint_every, tune.report)
+    report = checkpoints.report
+    fail_after = int(os.environ.get(FAIL_AFTER_EPOCH, "0"))
+    if fail_after and checkpoint is None:
+        report = dying_after(fail_after, report)
+    save = None if checkpoint_every is None else (lambda state: checkpoints.save({**state, "trial_ids": ids}))
+    return save, resume, report
