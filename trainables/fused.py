@@ -616,11 +616,13 @@ class PackEncoder:
 
 
 class PackOptimizer:
-    """AdamW over the banks, as torch's over each trial's parameters: every trial at its own learning rate and
-    weight decay for every tensor (from its own optimizer groups), held as [P, tensors] tables and spread over
-    each bank's elements by one repeat_interleave; a dozen ops a step, whatever the pack's size. Every trial
-    steps together (a diverged trial goes on stepping its non-finite weights, as it would alone; no report
-    reads them), so Adam's bias corrections are plain numbers."""
+    """AdamW over the banks, as torch's over each trial's parameters: torch's own fused AdamW kernel, called
+    once for each distinct (learning rate, weight decay) among the pack's trials and tensors, over the runs of
+    the banks that have it (a run: consecutive tensors of one trial's row with the same setting; a whole bank
+    when every trial has one setting over it, as in the paper's grid). So a step is as many calls as there are
+    settings, whatever the pack's size, one pass over the weights, gradients and moments, and the arithmetic
+    of the trials' own optimizers. Every trial steps together (a diverged trial goes on stepping its
+    non-finite weights, as it would alone; no report reads them), so one step count serves all."""
 
     def __init__(self, pack: "Pack"):
         layout, setups = pack.layout, pack.setups
@@ -628,54 +630,65 @@ class PackOptimizer:
         if any((s.betas, s.eps) != (first.betas, first.eps) for s in setups):
             raise ValueError("trials of one pack must share AdamW's betas and eps")
         self.pack, self.betas, self.eps, self.schedule = pack, first.betas, first.eps, first.schedule
-        device = pack.banks[0].device
-        self.lrs, self.decays, self.sizes = [], [], []
+        self.groups: dict[tuple[float, float], list[tuple]] = {}
         for bank in (0, 1):
-            names = layout.names(bank)
-            table = torch.tensor([[s.hyper[n] for n in names] for s in setups], dtype=torch.float64)
-            self.lrs.append(table[..., 0].to(device))
-            self.decays.append((table[..., 0] * table[..., 1]).to(device))
-            self.sizes.append(torch.tensor(layout.sizes(bank), device=device))
-        self.decayed = any(bool(d.any()) for d in self.decays)
+            rows = [runs(layout, bank, setup.hyper) for setup in setups]
+            if all(len(r) == 1 for r in rows) and len({r[0][0] for r in rows}) == 1:
+                self.groups.setdefault(rows[0][0][0], []).append((bank, None, 0, layout.widths[bank]))
+                continue
+            for p, row in enumerate(rows):
+                for setting, begin, end in row:
+                    self.groups.setdefault(setting, []).append((bank, p, begin, end))
+        self.steps = torch.zeros((), dtype=torch.float32, device=pack.banks[0].device)
         self.step_count = 0
+        self._views: dict[str, tuple] = {}
 
-    def spread(self, bank: int, table: torch.Tensor) -> torch.Tensor:
-        """[P, tensors] -> [P, D]: each tensor's value over its elements (bank 0 holds one tensor: [P, 1])."""
-        if table.shape[1] == 1:
-            return table.float()
-        width = self.pack.layout.widths[bank]
-        return torch.repeat_interleave(table.float(), self.sizes[bank], dim=1, output_size=width)
+    def views(self, what: str, banks: list[torch.Tensor]) -> dict[tuple, list[torch.Tensor]]:
+        """Each group's runs in `banks` (the weights, gradients or a moment), made once per set of banks."""
+        cached = self._views.get(what)
+        if cached is None or cached[0] is not banks:
+            piece = lambda bank, p, begin, end: banks[bank].view(-1) if p is None else banks[bank][p, begin:end]  # noqa: E731
+            cached = self._views[what] = (banks, {g: [piece(*r) for r in rs] for g, rs in self.groups.items()})
+        return cached[1]
+
+    def resume_at(self, step_count: int) -> None:
+        self.step_count = step_count
+        self.steps.fill_(step_count)
 
     def step(self) -> None:
-        """One AdamW step of every trial (torch's fused AdamW's arithmetic). Its temporaries are made before any
-        state changes, so an out-of-memory error leaves the step undone."""
-        beta1, beta2 = self.betas
-        t = self.step_count + 1
-        factor = self.schedule(self.step_count)
-        correction1, correction2 = 1 - beta1 ** t, 1 - beta2 ** t
         pack = self.pack
         if pack.exp_avg is None:
             pack.exp_avg = [torch.zeros_like(b) for b in pack.banks]
             pack.exp_avg_sq = [torch.zeros_like(b) for b in pack.banks]
+        weights, grads = self.views("weights", pack.banks), self.views("grads", pack.grads)
+        exp_avg, exp_avg_sq = self.views("exp_avg", pack.exp_avg), self.views("exp_avg_sq", pack.exp_avg_sq)
+        factor = self.schedule(self.step_count)
         with torch.no_grad():
-            step_sizes = [self.spread(b, self.lrs[b] * (factor / correction1)) for b in (0, 1)]
-            decays = [self.spread(b, 1 - self.decays[b] * factor) for b in (0, 1)] if self.decayed else None
-            updates = [torch.empty_like(b) for b in pack.banks]
-            for bank, step_size, update in zip((0, 1), step_sizes, updates):
-                weight, grad = pack.banks[bank], pack.grads[bank]
-                m, v = pack.exp_avg[bank], pack.exp_avg_sq[bank]
-                if decays is not None:
-                    weight.mul_(decays[bank])
-                m.lerp_(grad, 1 - beta1)
-                v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-                torch.sqrt(v, out=update).div_(math.sqrt(correction2)).add_(self.eps)
-                torch.div(m, update, out=update).mul_(step_size)
-                weight.sub_(update)
+            self.steps += 1
+            for (lr, decay), params in weights.items():
+                torch._fused_adamw_(params, grads[lr, decay], exp_avg[lr, decay], exp_avg_sq[lr, decay], [],
+                                    [self.steps] * len(params), lr=lr * factor, beta1=self.betas[0],
+                                    beta2=self.betas[1], weight_decay=decay, eps=self.eps, amsgrad=False,
+                                    maximize=False)
         self.step_count += 1
 
     def lr_last(self, p: int) -> float:
         """Trial p's first group's learning rate now, as LambdaLR.get_last_lr()[0] says after the last step."""
         return self.pack.setups[p].base_lr * self.schedule(self.step_count)
+
+
+def runs(layout: Layout, bank: int, hyper: dict[str, tuple[float, float]]) -> list[tuple[tuple[float, float], int, int]]:
+    """(setting, begin, end) of one trial's row of `bank`: its tensors in order, consecutive ones of the same
+    (learning rate, weight decay) merged."""
+    found: list = []
+    for name in layout.names(bank):
+        begin = layout.places[name][1]
+        end = begin + math.prod(layout.shapes[name])
+        if found and found[-1][0] == hyper[name] and found[-1][2] == begin:
+            found[-1] = (hyper[name], found[-1][1], end)
+        else:
+            found.append((hyper[name], begin, end))
+    return found
 
 
 def clip_per_trial(pack: "Pack", max_norms: torch.Tensor) -> torch.Tensor:
@@ -744,7 +757,7 @@ class Pack:
         self.words = RowGradient(self.banks[0].view(P, V, H).requires_grad_(True), None)
         self.encoder = PackEncoder(self, config)
         self.optimizer = PackOptimizer(self)
-        self.optimizer.step_count = parts.step_count
+        self.optimizer.resume_at(parts.step_count)
         self.rngs = [np.random.default_rng(np.random.SeedSequence([c.seed, 1])) for c in cfgs]
         for rng, saved in zip(self.rngs, parts.rng_states or []):
             rng.bit_generator.state = saved
@@ -826,8 +839,6 @@ class Pack:
             self.optimizer.step()
             self.active &= finite
             self.clipped += clipped & self.active
-        else:
-            torch.empty_like(self.banks[1]), torch.empty_like(self.banks[1])  # the optimizer's temporaries
         return losses.detach()
 
     def train_epoch(self) -> tuple[torch.Tensor, float]:
