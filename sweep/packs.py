@@ -15,14 +15,11 @@ import hashlib
 # trial's matmuls already keep its cores busy): two packs of one side by side, a thread each, did a trial step
 # in 0.08 s of the machine, a pack of 2 on both threads in 0.10 s. Packs of one also land each row as it ends.
 AUTO_PACK_CPU = 1
-# --pack auto on GPUs: as many trials as fit in this share of the free memory of the card with the least,
-# at most AUTO_PACK_MAX. Measured bytes a trial holds at its peak per parameter (benchmarks/engine_bench.py,
-# docs/benchmarks.md "Fused engine"): 4 each for its weights, gradients and two Adam moments, 8 for the
-# optimizer step's temporaries, plus activations (BERT-base, batch 8, SST-2's lengths). The share leaves room
-# for what a caching allocator keeps around them; a pack that still does not fit splits itself
-# (trainables.fused).
-GPU_MEMORY_SHARE = 0.9
-BYTES_PER_PARAMETER = 24
+# --pack auto on GPUs: a Tune trial holds GPU_PACKS_PER_TRIAL groups of as many trials as fit in the free
+# memory of the card with the least (trainables.fused.trials_that_fit, at its measured bytes a parameter), at
+# most AUTO_PACK_MAX a group: one group trains while the next is set up, so the card waits on no setup but the
+# first. The trainable sizes its groups again from its own card's free memory.
+GPU_PACKS_PER_TRIAL = 3
 AUTO_PACK_MAX = 64
 
 
@@ -38,10 +35,10 @@ def parse_pack(value: str) -> int | str:
 
 
 def memory_sized_pack(gpu_memory_bytes: int, parameters: int) -> int:
-    """The most trials of `parameters` each that fit in GPU_MEMORY_SHARE of `gpu_memory_bytes` free
-    (1..AUTO_PACK_MAX)."""
-    fits = int(GPU_MEMORY_SHARE * gpu_memory_bytes // (BYTES_PER_PARAMETER * parameters))
-    return max(1, min(AUTO_PACK_MAX, fits))
+    """The most trials of `parameters` each that fit in `gpu_memory_bytes` free (1..AUTO_PACK_MAX)."""
+    from trainables.fused import trials_that_fit
+
+    return min(AUTO_PACK_MAX, trials_that_fit(gpu_memory_bytes, parameters))
 
 
 def resolve_pack(pack: int | str, gpus_per_trial: float, parameters: int) -> tuple[int, bool]:
@@ -52,7 +49,7 @@ def resolve_pack(pack: int | str, gpus_per_trial: float, parameters: int) -> tup
         return int(pack), False
     if gpus_per_trial == 0:
         return AUTO_PACK_CPU, True
-    return memory_sized_pack(gpu_memory(gpus_per_trial), parameters), True
+    return GPU_PACKS_PER_TRIAL * memory_sized_pack(gpu_memory(gpus_per_trial), parameters), True
 
 
 def gpu_memory(gpus_per_trial: float) -> int:

@@ -118,6 +118,11 @@ def test_an_out_of_memory_pack_splits_and_every_member_ends_as_it_would_have(pre
     # epoch 1 as a pack of 4, then the first half's epochs 2 and 3, then the second half's
     assert [sorted(r) for r in reports] == [[0, 1, 2, 3], [0, 1], [0, 1], [2, 3], [2, 3]]
     assert [r[min(r)]["epoch"] for r in reports] == [1, 2, 3, 2, 3]
+    monkeypatch.delenv(OOM_ABOVE)
+    # Three at a time: trials 0-2 train while trial 3 is set up in the background, then trial 3.
+    grouped, reports = run(cfgs, synthetic, pretrained, device_size=3)
+    same_numbers(grouped, whole)
+    assert [sorted(r) for r in reports] == [[0, 1, 2]] * 3 + [[3]] * 3
 
 
 def test_a_pack_resumed_from_its_checkpoint_ends_with_the_same_numbers(pretrained, synthetic, tmp_path, monkeypatch):

@@ -69,6 +69,13 @@ LINEARS = ("qkv", "attn_out", "ffn_in", "ffn_out")  # per layer; then "pool" and
 # Tensors whose gradients autograd adds up (small: LayerNorms, the position and token-type tables). They
 # lead bank 1, so one op zeroes their gradients; every linear layer's gradient is written whole each step.
 ACCUMULATED = ("position", "token_type", "emb_ln_w", "emb_ln_b", "attn_ln_w", "attn_ln_b", "ffn_ln_w", "ffn_ln_b")
+# Bytes a trial holds at its peak per parameter on a GPU (benchmarks/engine_bench.py; docs/benchmarks.md,
+# "Fused engine"): 4 each for its weights, gradients and Adam's two moments, plus the activations and bf16
+# weight copies of a step of BERT-base at batch 8 on GLUE's sentences. How many trials train at once is planned
+# with it, in this share of a card's free memory (the rest for what the caching allocator keeps around them);
+# a group that still does not fit splits itself.
+PEAK_BYTES_PER_PARAMETER = 18
+MEMORY_SHARE = 0.9
 # Test-only fault injection: "N" or "N:STEP": a pack of more than N trials runs out of memory (at its optimizer
 # step STEP, default 0), as a card too small for it would, so tests can watch the pack split and go on.
 OOM_ABOVE = "REINIT_SWEEP_OOM_ABOVE"
@@ -122,6 +129,10 @@ def hf_parameters(model: torch.nn.Module) -> dict[str, list[torch.nn.Parameter]]
     if covered != {id(p) for p in model.parameters()} or len(covered) != sum(map(len, named.values())):
         raise ValueError(f"model of type {type(model).__name__} does not have BERT's parameter layout")
     return named
+
+
+def parameter_count(pretrained: Pretrained) -> int:
+    return sum(t.numel() for t in pretrained.state_dict.values())
 
 
 def kind(name: str) -> str:
@@ -418,7 +429,7 @@ class Dropout:
         key = self.site_keys[:, self.site].view(-1, *[1] * ids.dim())
         self.site += 1
         kept = (mix64(ids + key) & ((1 << KEEP_BITS) - 1)) < round((1 - rate) * (1 << KEEP_BITS))
-        return torch.where(kept, 1.0 / (1 - rate), 0.0).to(like.dtype)
+        return (kept * (1.0 / (1 - rate))).to(like.dtype)
 
     def hidden(self, x: torch.Tensor, batch: PackBatch) -> torch.Tensor:  # x [P, N, H]
         if self.hidden_p == 0:
@@ -572,7 +583,7 @@ class PackEncoder:
     def linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
         pack = self.pack
         weight, bias = pack.weights[f"{name}_w"], pack.weights[f"{name}_b"]
-        dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else weight.dtype
+        dtype = torch.bfloat16 if pack.compute.precision == "bf16" else weight.dtype  # as autocast would cast
         if not torch.is_grad_enabled():
             return torch.baddbmm(bias.to(dtype).unsqueeze(1), x.to(dtype), weight.to(dtype).mT)
         return _Linear.apply(x, weight, bias, pack.grad_views[f"{name}_w"], pack.grad_views[f"{name}_b"], dtype)
@@ -703,6 +714,19 @@ def clip_per_trial(pack: "Pack", max_norms: torch.Tensor) -> torch.Tensor:
 
 
 # --- a pack ------------------------------------------------------------------------------------------------
+
+
+def trials_that_fit(free_bytes: int, parameters: int) -> int:
+    """How many trials of `parameters` each fit in MEMORY_SHARE of `free_bytes` (at least one)."""
+    return max(1, int(MEMORY_SHARE * free_bytes // (PEAK_BYTES_PER_PARAMETER * parameters)))
+
+
+def device_budget(device: torch.device, gpu_fraction: float) -> int | None:
+    """Bytes a pack may take on `device`: a GPU's free memory, within the share of it Ray gave (None: a CPU)."""
+    if device.type != "cuda":
+        return None
+    free, total = torch.cuda.mem_get_info(device)
+    return int(min(free, gpu_fraction * total)) if gpu_fraction < 1 else int(free)
 
 
 def check_pack(cfgs: list[FinetuneConfig], pretrained: Pretrained) -> None:
@@ -980,15 +1004,26 @@ class Position:
 
 
 class PackRun:
-    """A pack of some of `finetune_pack`'s trials (`members`: their indices there) on its way to the end."""
+    """A pack of some of `finetune_pack`'s trials (`members`: their indices there) on its way to the end: not
+    set up yet, being set up (`pending`), set up in host memory (`parts`) or on its device (`pack`)."""
 
-    def __init__(self, members: list[int], pack: Pack | None, parts: PackParts | None, position: Position,
-                 ledgers: list[Ledger], resumed_from: int = 0):
-        self.members, self.pack, self.parts, self.position = members, pack, parts, position
-        self.ledgers, self.resumed_from = ledgers, resumed_from
+    def __init__(self, members: list[int], pack: Pack | None = None, parts: PackParts | None = None,
+                 position: Position | None = None, ledgers: list[Ledger] | None = None, resumed_from: int = 0):
+        self.members, self.pack, self.parts = members, pack, parts
+        self.position = position or Position()
+        self.ledgers = ledgers or [Ledger() for _ in members]
+        self.resumed_from = resumed_from
+        self.pending: concurrent.futures.Future | None = None
+
+    def prepare(self, cfgs, data, pretrained, executor: concurrent.futures.Executor) -> None:
+        """Set the members up in the background, in host memory, unless that is done or under way."""
+        if self.pack is None and self.parts is None and self.pending is None:
+            self.pending = executor.submit(PackParts.set_up, [cfgs[i] for i in self.members], data, pretrained, "cpu")
 
     def materialize(self, cfgs, data, pretrained) -> Pack:
         if self.pack is None:
+            if self.pending is not None:
+                self.parts, self.pending = self.pending.result(), None
             self.pack = Pack([cfgs[i] for i in self.members], data, pretrained, parts=self.parts)
             self.parts = None
         return self.pack
@@ -996,7 +1031,8 @@ class PackRun:
     def split(self) -> list["PackRun"]:
         """Two runs of half the members each, going on from this one's position (the step under way is done
         again), their state in host memory until each is materialized; this run's memory is given back."""
-        host, half = self.pack.parts(), len(self.members) // 2
+        host = self.pack.parts() if self.pack is not None else self.parts  # an OOM may strike as it moves over
+        half = len(self.members) // 2
         self.pack = None
         halves = []
         for members in (list(range(half)), list(range(half, len(self.members)))):
@@ -1010,7 +1046,12 @@ class PackRun:
 
     def state(self, elapsed: float) -> dict:
         """This run's checkpoint entry (trainables.state), `elapsed` seconds into the current process's work:
-        live tensors (no copy), to be written out before training goes on."""
+        live tensors (no copy), to be written out before training goes on. A run that has not started holds
+        nothing but its members: it is set up afresh."""
+        ledgers = [{**dataclasses.asdict(ledger), "wall_seconds": ledger.wall_seconds + elapsed}
+                   for ledger in self.ledgers]
+        if self.pack is None and self.parts is None:
+            return {"members": list(self.members), "fresh": True, "ledgers": ledgers}
         parts = self.parts if self.pack is None else self.pack.parts(device=None)
         position = self.position
         return {
@@ -1018,15 +1059,17 @@ class PackRun:
             "exp_avg_sq": parts.exp_avg_sq, "step_count": parts.step_count, "rng_states": parts.rng_states,
             "active": parts.active, "clipped": parts.clipped, "epoch": position.epoch, "step": position.step,
             "orders": None if position.orders is None else [list(o) for o in position.orders],
-            "losses": list(position.losses),
-            "ledgers": [{**dataclasses.asdict(ledger), "wall_seconds": ledger.wall_seconds + elapsed}
-                        for ledger in self.ledgers],
+            "losses": list(position.losses), "ledgers": ledgers,
         }
 
     @classmethod
-    def from_state(cls, saved: dict, fresh: PackParts) -> "PackRun":
-        """A run from its checkpoint entry; `fresh` is its members set up again (their start weights and
+    def from_state(cls, saved: dict, set_up: Callable[[list[int]], PackParts]) -> "PackRun":
+        """A run from its checkpoint entry; `set_up(members)` sets them up again (their start weights and
         optimizer settings, drawn the same as the first time)."""
+        ledgers = [Ledger(**ledger) for ledger in saved["ledgers"]]
+        if saved.get("fresh"):
+            return cls(list(saved["members"]), ledgers=ledgers)
+        fresh = set_up(list(saved["members"]))
         parts = dataclasses.replace(
             fresh, banks=saved["banks"], exp_avg=saved["exp_avg"], exp_avg_sq=saved["exp_avg_sq"],
             step_count=int(saved["step_count"]), rng_states=saved["rng_states"], active=saved["active"],
@@ -1035,13 +1078,13 @@ class PackRun:
         position = Position(int(saved["epoch"]), int(saved["step"]),
                             None if orders is None else [[np.asarray(b) for b in o] for o in orders],
                             list(saved["losses"]))
-        ledgers = [Ledger(**ledger) for ledger in saved["ledgers"]]
         return cls(list(saved["members"]), None, parts, position, ledgers, resumed_from=position.epoch - 1)
 
 
 def finetune_pack(cfgs: list[FinetuneConfig], data: TokenizedTask, pretrained: Pretrained,
                   report: Callable[[dict[int, dict]], None] | None = None, pack_id: str | None = None,
-                  save: Callable[[dict], None] | None = None, resume: dict | None = None) -> list[dict]:
+                  save: Callable[[dict], None] | None = None, resume: dict | None = None,
+                  device_size: int | None = None) -> list[dict]:
     """Finetune and evaluate P trials as one computation; returns one dict per trial with the keys `finetune`
     returns, plus pack_size and pack_id (default: a random one). After each epoch `report({i: result})` gets the
     figures of every trial i that trained in it (a diverged trial's last report says so; it is in no later one).
@@ -1049,42 +1092,51 @@ def finetune_pack(cfgs: list[FinetuneConfig], data: TokenizedTask, pretrained: P
     size, so rows add up to the machine time.
 
     `save`, if given, receives at every epoch end but the last, just before `report`, the pack's state, from
-    which `resume=` goes on to the same numbers. An out-of-memory error splits the pack in two halves that go on
-    one after the other from the step it stopped at (their trials' numbers are the ones they would have had)."""
+    which `resume=` goes on to the same numbers. `device_size`: the trials that train at once (default all); the
+    rest wait their turn, each group set up in the background while the one before trains. An out-of-memory
+    error splits the group training in two halves that go on one after the other from the step it stopped at.
+    Whatever the grouping, each trial's numbers are the ones it would have had alone."""
     started = time.perf_counter()
     torch.set_num_threads(max(1, max(c.threads for c in cfgs)))
     check_pack(cfgs, pretrained)
     pack_id = pack_id or uuid.uuid4().hex[:12]
     results: list[dict] = [{} for _ in cfgs]
+    device = pick_device(cfgs[0].gpu_fraction)
     if resume is not None:
-        runs = [PackRun.from_state(saved, PackParts.set_up([cfgs[i] for i in saved["members"]], data, pretrained,
-                                                             pick_device(cfgs[0].gpu_fraction)))
-                for saved in resume["runs"]]
+        set_up = lambda members: PackParts.set_up([cfgs[i] for i in members], data, pretrained, device)  # noqa: E731
+        runs = [PackRun.from_state(saved, set_up) for saved in resume["runs"]]
         finished = {int(i): result for i, result in resume.get("finished", {}).items()}
         for i, result in finished.items():
             results[i] = result
         if finished and report is not None:  # their rows come from the last report: it must hold them again
             report(finished)
     else:
-        pack = Pack(cfgs, data, pretrained)
-        runs = [PackRun(list(range(len(cfgs))), pack, None, Position(), [Ledger() for _ in cfgs])]
-    while runs:
-        run = runs[0]
-        try:
-            Trainer(cfgs, data, pretrained, pack_id, started, report, save).train(run, parked=runs[1:], done=results)
-            out_of_memory = False
-        except torch.OutOfMemoryError:
-            if len(run.members) == 1:
-                raise
-            out_of_memory = True
-        if out_of_memory:  # out of the handler: the failed step's tensors, held by its traceback, are gone
-            runs[:1] = run.split()
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-            continue
-        for i, ledger in zip(run.members, run.ledgers):
-            results[i] = ledger.result
-        runs.pop(0)
+        budget = device_budget(device, cfgs[0].gpu_fraction)
+        fitting = len(cfgs) if budget is None else trials_that_fit(budget, parameter_count(pretrained))
+        size = device_size or min(len(cfgs), fitting)
+        runs = [PackRun(list(range(first, min(first + size, len(cfgs))))) for first in range(0, len(cfgs), size)]
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pack-setup") as background:
+        while runs:
+            run = runs[0]
+            try:
+                run.materialize(cfgs, data, pretrained)
+                if len(runs) > 1:  # the next group is set up while this one trains
+                    runs[1].prepare(cfgs, data, pretrained, background)
+                Trainer(cfgs, data, pretrained, pack_id, started, report, save).train(run, parked=runs[1:],
+                                                                                      done=results)
+                out_of_memory = False
+            except torch.OutOfMemoryError:
+                if len(run.members) == 1:
+                    raise
+                out_of_memory = True
+            if out_of_memory:  # out of the handler: the failed step's tensors, held by its traceback, are gone
+                runs[:1] = run.split()
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+                continue
+            for i, ledger in zip(run.members, run.ledgers):
+                results[i] = ledger.result
+            runs.pop(0)
     return results
 
 
