@@ -315,6 +315,7 @@ class PackBatch:
     first: torch.Tensor  # [P * B] row of [P * N] holding each sequence's first token
     keys: torch.Tensor  # [P * B, 1, 1, T] bool: which key slots hold real tokens
     lengths: np.ndarray  # [P, B]
+    blocked: torch.Tensor | None = None  # ~keys (made once per move, not once per layer)
 
 
 INDEX_FIELDS = ("ids", "types", "positions", "gather", "scatter", "first")
@@ -360,12 +361,16 @@ def to_device(arrays: list[dict], labels: list[np.ndarray], device) -> tuple[lis
         moved = (flat.pin_memory() if pin else flat).to(device, non_blocking=pin)
         return list(torch.split(moved, [a.size for a in parts]))
 
+    if not arrays:
+        return [], []
     indices = move([a[f] for a in arrays for f in INDEX_FIELDS])
     keys = move([a["keys"] for a in arrays])
+    blocked = torch.split(~torch.cat(keys), [k.numel() for k in keys])
     batches = []
     for i, a in enumerate(arrays):
         fields = {f: t.view(a[f].shape) for f, t in zip(INDEX_FIELDS, indices[i * 6:(i + 1) * 6])}
-        batches.append(PackBatch(**fields, keys=keys[i].view(a["keys"].shape), lengths=a["lengths"]))
+        batches.append(PackBatch(**fields, keys=keys[i].view(a["keys"].shape), lengths=a["lengths"],
+                                 blocked=blocked[i].view(a["keys"].shape)))
     return batches, [t.view(y.shape) for t, y in zip(move(labels), labels)]
 
 
@@ -402,22 +407,26 @@ def dropout_keys(seeds) -> np.ndarray:
 
 
 class Dropout:
-    """Per-trial dropout, one draw per site for the whole pack: element e of trial p's mask at optimizer step t,
+    """Per-trial dropout, drawn for the whole pack at once: element e of trial p's mask at optimizer step t,
     site s, is kept when the low 24 bits of mix64(key(p, t, s) + e * GAMMA) fall below (1 - rate) * 2^24, with
     e numbered within the trial's own batch (its packed tokens; its sequences, heads, queries and keys on a
-    fixed 1024-wide grid; its pooled sequences), so neither its pack-mates nor padding change its masks."""
+    fixed 1024-wide grid; its pooled sequences), so neither its pack-mates nor padding change its masks. The
+    hidden sites' masks of a whole step (the embeddings' and two a layer, all of one shape) are drawn by one
+    hash at the first of them; each attention site and the classifier's draw their own."""
 
     def __init__(self, seeds, hidden: float, attention: float, classifier: float, num_layers: int, device):
         self.keys = torch.from_numpy(dropout_keys(seeds)).to(device)
         self.hidden_p, self.attention_p, self.classifier_p = hidden, attention, classifier
-        self.sites = torch.arange(3 * num_layers + 2, device=device)
+        self.hidden_sites = 2 * num_layers + 1  # then num_layers attention sites, then the classifier's
+        self.sites = torch.arange(self.hidden_sites + num_layers + 1, device=device)
         self.site_keys = self.keys[:, None]
-        self.site, self._ids = 0, {}
+        self._ids: dict[str, torch.Tensor] = {}
+        self.begin(0)
 
     def begin(self, step: int) -> None:
         """The keys of every site at optimizer step `step` (one small computation a step)."""
         self.site_keys = mix64(self.keys[:, None] + (self.sites + step * len(self.sites)) * GAMMA)
-        self.site = 0
+        self.hidden_masks, self.hidden_site, self.attention_site = None, 0, 0
 
     def _coordinates(self, kind: str, shape: tuple, make) -> torch.Tensor:
         cached = self._ids.get(kind)
@@ -425,19 +434,22 @@ class Dropout:
             cached = self._ids[kind] = make() * GAMMA
         return cached
 
-    def _scaled_mask(self, ids: torch.Tensor, rate: float, like: torch.Tensor) -> torch.Tensor:
-        key = self.site_keys[:, self.site].view(-1, *[1] * ids.dim())
-        self.site += 1
-        kept = (mix64(ids + key) & ((1 << KEEP_BITS) - 1)) < round((1 - rate) * (1 << KEEP_BITS))
-        return (kept * (1.0 / (1 - rate))).to(like.dtype)
+    @staticmethod
+    def _masks(ids: torch.Tensor, keys: torch.Tensor, rate: float, dtype) -> torch.Tensor:
+        kept = (mix64(ids + keys) & ((1 << KEEP_BITS) - 1)) < round((1 - rate) * (1 << KEEP_BITS))
+        return (kept * (1.0 / (1 - rate))).to(dtype)
 
     def hidden(self, x: torch.Tensor, batch: PackBatch) -> torch.Tensor:  # x [P, N, H]
         if self.hidden_p == 0:
-            self.site += 1
             return x
-        N, H = x.shape[1:]
-        ids = self._coordinates("hidden", (N, H), lambda: torch.arange(N * H, device=x.device).view(N, H))
-        return x * self._scaled_mask(ids, self.hidden_p, x)
+        if self.hidden_masks is None:  # [sites, P, N, H]
+            N, H = x.shape[1:]
+            ids = self._coordinates("hidden", (N, H), lambda: torch.arange(N * H, device=x.device).view(N, H))
+            keys = self.site_keys[:, :self.hidden_sites].T[:, :, None, None]
+            self.hidden_masks = self._masks(ids, keys, self.hidden_p, x.dtype)
+        mask = self.hidden_masks[self.hidden_site]
+        self.hidden_site += 1
+        return x * mask
 
     def attention(self, probs: torch.Tensor, batch: PackBatch) -> torch.Tensor:  # probs [P * B, heads, T, T]
         P, B = batch.lengths.shape
@@ -449,15 +461,17 @@ class Dropout:
             return sequence_head + grid.view(T, 1) * SPAN + grid
 
         ids = self._coordinates("attention", (B, heads, T, T), make)
+        keys = self.site_keys[:, self.hidden_sites + self.attention_site].view(P, 1, 1, 1, 1)
+        self.attention_site += 1
         view = probs.view(P, B, heads, T, T)
-        return (view * self._scaled_mask(ids, self.attention_p, probs)).view_as(probs)
+        return (view * self._masks(ids, keys, self.attention_p, probs.dtype)).view_as(probs)
 
     def classifier(self, x: torch.Tensor) -> torch.Tensor:  # x [P, B, H]
         if self.classifier_p == 0:
             return x
         B, H = x.shape[1:]
         ids = self._coordinates("classifier", (B, H), lambda: torch.arange(B * H, device=x.device).view(B, H))
-        return x * self._scaled_mask(ids, self.classifier_p, x)
+        return x * self._masks(ids, self.site_keys[:, -1].view(-1, 1, 1), self.classifier_p, x.dtype)
 
 
 # --- the encoder -------------------------------------------------------------------------------------------
@@ -614,12 +628,10 @@ class PackEncoder:
     @staticmethod
     def attention(q, k, v, batch: PackBatch, dropout: Dropout | None) -> torch.Tensor:
         if dropout is None or dropout.attention_p == 0:
-            if dropout is not None:
-                dropout.site += 1
             return F.scaled_dot_product_attention(q, k, v, attn_mask=batch.keys)
         # Attention dropout drawn per trial: SDPA's own dropout would draw from the global stream.
         scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
-        probs = scores.masked_fill(~batch.keys, float("-inf")).softmax(-1)
+        probs = scores.masked_fill(batch.blocked, float("-inf")).softmax(-1)
         return dropout.attention(probs, batch) @ v
 
 
