@@ -253,13 +253,15 @@ def set_up_trial(cfg: FinetuneConfig, data: TokenizedTask, pretrained: Pretraine
 def pretrained_rows(layout: Layout, template: torch.nn.Module, pretrained: Pretrained) -> list[torch.Tensor]:
     """One trial's rows of the banks holding the pretrained weights (zeros where the checkpoint has none):
     laid out once per pack."""
-    rows = [torch.zeros(width) for width in layout.widths]
+    rows = [torch.empty(width) for width in layout.widths]
     state = encoder_state(template.base_model, pretrained)
     key = {id(p): name for name, p in template.base_model.named_parameters()}
     for name, params in hf_parameters(template).items():
         pieces = [state.get(key.get(id(p), "")) for p in params]
         if all(piece is not None for piece in pieces):
             layout.view(rows, name).copy_(torch.cat(pieces) if len(pieces) > 1 else pieces[0])
+        else:
+            layout.view(rows, name).zero_()
     return rows
 
 
