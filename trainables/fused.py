@@ -1166,6 +1166,12 @@ class Trainer:
         (empty for those not finished): a checkpoint holds them all."""
         cfg, data = self.cfgs[0], self.data
         pack = run.materialize(self.cfgs, data, self.pretrained)
+        if pack.compute.device.type == "cuda" and run.position.epoch == 1 and run.position.step == 0:
+            # the real peak, before any work is at stake: a step and an evaluation batch at their largest shapes
+            # (an out-of-memory error here splits the pack like one mid-epoch)
+            peak = pack.peak_memory(data.validation)
+            print(f"fused pack of {len(pack)}: peak {peak / 2**30:.1f} GiB, "
+                  f"{peak / len(pack) / parameter_count(self.pretrained):.1f} bytes a parameter a trial", flush=True)
         peak_flops(str(pack.compute.device))  # measured (CPU) outside every timed stretch
         eval_flops = pack.compute.flops(data.validation.lengths, train=False)
         P, position = len(pack), run.position
