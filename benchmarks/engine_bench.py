@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import fused_bench  # noqa: E402
+from sweep.packs import GPU_PACKS_PER_TRIAL  # noqa: E402
 
 GRID_TRIALS, GRID_SIZE, GRID_EPOCHS, BATCH = 1950, 500, 5, 8
 # The H100 SXM's roofline for the projection: datasheet dense bf16 peak and HBM3 bandwidth, each at the share a
@@ -149,17 +150,19 @@ def host_seconds(data, packs: list[int], steps: int) -> list[dict]:
         pack.step(batches[0], labels[0])
         with OpCounter() as counter:
             pack.step(batches[1], labels[1])
-        times = []
+        walls, cpus = [], []
         for batch, y in zip(batches[2:2 + steps], labels[2:2 + steps]):
-            tick = time.perf_counter()
+            tick, cpu = time.perf_counter(), time.thread_time()
             pack.step(batch, y)
-            times.append(time.perf_counter() - tick)
-        seconds = statistics.median(times)
+            walls.append(time.perf_counter() - tick)
+            cpus.append(time.thread_time() - cpu)
+        # CPU time of this thread: what the host spends, whatever else shares the cores (wall time beside it)
+        seconds, wall = statistics.median(cpus), statistics.median(walls)
         ops = counter.totals()["ops"]
-        rows.append({"pack": size, "seconds_per_step": seconds, "ops": ops, "seconds_per_op": seconds / ops,
-                     "load": os.getloadavg()})
-        print(f"host, pack {size:>2}: {seconds * 1e3:.1f} ms a pack-step at minimal widths, {ops:,} ops: "
-              f"{seconds / ops * 1e6:.2f} us an op ({load()})", flush=True)
+        rows.append({"pack": size, "seconds_per_step": seconds, "wall_seconds_per_step": wall, "ops": ops,
+                     "seconds_per_op": seconds / ops, "load": os.getloadavg()})
+        print(f"host, pack {size:>2}: {seconds * 1e3:.1f} ms of CPU a pack-step at minimal widths ({wall * 1e3:.1f} "
+              f"ms wall), {ops:,} ops: {seconds / ops * 1e6:.2f} us an op ({load()})", flush=True)
     torch.set_num_threads(threads)
     return rows
 
@@ -176,34 +179,36 @@ def setup_seconds(data, trials: int, threads: int) -> dict:
              "no surgery": [dataclasses.replace(c, ablation=Reinit()) for c in grid_trials(trials)]}
     for name, cfgs in cases.items():
         for staged in (False, True):
-            tick = time.perf_counter()
+            tick, cpu = time.perf_counter(), time.process_time()
             set_up_pack(cfgs, data, pretrained, "cpu", workers=threads, staged=staged)
-            per_trial = (time.perf_counter() - tick) / trials
+            per_trial, cpu_per_trial = (time.perf_counter() - tick) / trials, (time.process_time() - cpu) / trials
             key = f"{name}, {'staged for a GPU' if staged else 'in place'}"
-            out[key] = per_trial
-            print(f"setup, {key}: {per_trial:.2f} s a trial ({threads} threads, {load()})", flush=True)
+            out[key], out[f"{key}, CPU seconds"] = per_trial, cpu_per_trial
+            print(f"setup, {key}: {per_trial:.2f} s a trial wall, {cpu_per_trial:.2f} s of CPU ({threads} threads, "
+                  f"{load()})", flush=True)
     return out
 
 
-def bytes_per_parameter(data) -> dict:
-    from trainables.fused import LINEAR_WEIGHTS, Pack, kind
+def bytes_per_parameter(data, precision: str) -> dict:
+    from trainables.fused import LINEAR_WEIGHTS, PEAK_BYTES_PER_PARAMETER, Pack, kind
 
     pretrained = fused_bench.bert_base_shape()
     params = sum(t.numel() for t in pretrained.state_dict.values())
     peaks, start = {}, 0
     for size in (1, 2):
-        pack = Pack(grid_trials(size), data, pretrained)
+        pack = Pack(grid_trials(size, precision=precision), data, pretrained)
         as_on_gpu(pack)
         peaks[size] = pack.peak_memory(data.validation)
         start = sum(t[0].numel() * t.element_size() for n, t in pack.start.items() if kind(n) in LINEAR_WEIGHTS)
-        print(f"memory, pack {size}: peak {peaks[size] / 2**30:.2f} GiB ({load()})", flush=True)
+        print(f"memory, {precision}, pack {size}: peak {peaks[size] / 2**30:.2f} GiB ({load()})", flush=True)
     per_trial = peaks[2] - peaks[1]
-    out = {"parameters": params, "peak_bytes": peaks, "per_trial_bytes": per_trial,
-           "bytes_per_parameter": per_trial / params,
-           # on a GPU the copy weight change is measured from stays in host memory
-           "bytes_per_parameter_on_gpu": (per_trial - start) / params}
-    print(f"memory: {out['bytes_per_parameter']:.1f} bytes a parameter a trial here; "
-          f"{out['bytes_per_parameter_on_gpu']:.1f} on a GPU (start weights in host memory)", flush=True)
+    on_gpu = (per_trial - start) / params  # on a GPU the copy weight change is measured from stays in host memory
+    out = {"precision": precision, "parameters": params, "peak_bytes": peaks, "per_trial_bytes": per_trial,
+           "bytes_per_parameter": per_trial / params, "bytes_per_parameter_on_gpu": on_gpu,
+           "planned": PEAK_BYTES_PER_PARAMETER, "planned_over_measured": PEAK_BYTES_PER_PARAMETER / on_gpu}
+    print(f"memory, {precision}: {out['bytes_per_parameter']:.1f} bytes a parameter a trial here; {on_gpu:.1f} on a "
+          f"GPU (start weights in host memory); planned {PEAK_BYTES_PER_PARAMETER}: "
+          f"{PEAK_BYTES_PER_PARAMETER / on_gpu - 1:+.1%}", flush=True)
     return out
 
 
@@ -245,16 +250,20 @@ def projection(data, ops: int, host_per_op: float, setup_per_trial: float, bytes
     eval_seconds = pack * eval_flops / flops_s
     train_minutes = packs * (steps * step + eval_seconds) / 60
     setup_minutes = GRID_TRIALS * setup_per_trial / 60
+    # a sweep's Tune trial on a GPU holds GPU_PACKS_PER_TRIAL groups: the first's setup is on the critical path
+    sweep_minutes = train_minutes + setup_minutes / GPU_PACKS_PER_TRIAL
     out = {"pack": pack, "steps_per_trial": steps, "train_flops_per_trial": train_flops,
            "compute_s_per_pack_step": compute, "memory_s_per_pack_step": memory, "host_s_per_pack_step": host,
            "step_s": step, "eval_s_per_pack": eval_seconds, "grid_minutes_setup_overlapped": train_minutes,
-           "grid_minutes_setup_serial": train_minutes + setup_minutes, "setup_threads": setup_threads,
+           "grid_minutes_setup_serial": train_minutes + setup_minutes, "grid_minutes_as_a_sweep": sweep_minutes,
+           "setup_threads": setup_threads,
            "assumptions": {"bf16_flops": H100_BF16_FLOPS, "hbm_bytes_per_s": H100_BYTES_PER_S, "achieved": ACHIEVED,
                            "step_bytes_per_parameter": STEP_BYTES_PER_PARAMETER, "free_memory": H100_MEMORY}}
     print(f"projection: packs of {pack}; a pack-step {compute * 1e3:.1f} ms of FLOPs, {memory * 1e3:.1f} ms of "
           f"memory traffic, {host * 1e3:.1f} ms of host: {step * 1e3:.1f} ms; the {GRID_TRIALS}-trial grid "
           f"{train_minutes:.1f} H100-minutes with setup overlapped, {train_minutes + setup_minutes:.1f} with "
-          f"setup on the critical path ({setup_per_trial:.2f} s a trial)", flush=True)
+          f"setup on the critical path ({setup_per_trial:.2f} s a trial), {sweep_minutes:.1f} as a sweep runs it "
+          f"(the first of every {GPU_PACKS_PER_TRIAL} groups waits for its setup)", flush=True)
     return out
 
 
@@ -283,15 +292,19 @@ def main() -> None:
     if "setup" not in args.skip:
         figures["setup"] = setup_seconds(data, args.setup_trials, args.threads)
     if "memory" not in args.skip:
-        figures["memory"] = bytes_per_parameter(data)
+        figures["memory"] = bytes_per_parameter(data, "fp32")
+        figures["memory bf16"] = bytes_per_parameter(data, "bf16")
     if {"ops", "host", "setup", "memory"} <= set(figures):
         at = max(figures["ops"], key=lambda r: r["pack"] <= 31 and r["pack"])
-        per_op = max(r["seconds_per_op"] for r in figures["host"])
-        setup = figures["setup"]["grid mix (k 0, 4, 8, 12), staged for a GPU"] * figures["setup"]["threads"]
+        # pack 1's: larger packs add CPU kernel time (a CPU's bmm loops over the pack) that a GPU spends in one
+        # kernel launch; the op sequence itself does not change
+        per_op = min(figures["host"], key=lambda r: r["pack"])["seconds_per_op"]
+        # a GPU host's 16 threads share the trials' CPU seconds
+        setup = figures["setup"]["grid mix (k 0, 4, 8, 12), staged for a GPU, CPU seconds"]
         for name, host in (("measured here", per_op), ("the issue's 4.6 us an op", ISSUE_HOST_SECONDS_PER_OP)):
             print(f"-- with {name}; setup at {setup / 16:.2f} s a trial (16 host threads):")
             figures[f"projection ({name})"] = projection(
-                data, at["gpu"]["ops"], host, setup / 16, figures["memory"]["bytes_per_parameter_on_gpu"], 16)
+                data, at["gpu"]["ops"], host, setup / 16, figures["memory bf16"]["bytes_per_parameter_on_gpu"], 16)
     figures["load_at_end"] = os.getloadavg()
     print(load())
     if args.out:

@@ -74,7 +74,7 @@ ACCUMULATED = ("position", "token_type", "emb_ln_w", "emb_ln_b", "attn_ln_w", "a
 # weight copies of a step of BERT-base at batch 8 on GLUE's sentences. How many trials train at once is planned
 # with it, in this share of a card's free memory (the rest for what the caching allocator keeps around them);
 # a group that still does not fit splits itself.
-PEAK_BYTES_PER_PARAMETER = 18
+PEAK_BYTES_PER_PARAMETER = 20
 MEMORY_SHARE = 0.9
 # Test-only fault injection: "N" or "N:STEP": a pack of more than N trials runs out of memory (at its optimizer
 # step STEP, default 0), as a card too small for it would, so tests can watch the pack split and go on.
