@@ -4,8 +4,8 @@
 
 For the offline MiniLM and for a random BERT-base-size model (bert-base-uncased's shape: 110M parameters),
 each with its AdamW state after one step, it times what a checkpoint does in a trial: build the training
-state (trainables.finetune.training_state), write it to a fresh temporary folder (torch.save, as
-trainables.tune_trainable.EpochCheckpoints does), copy that folder to the storage folder (what Tune does on
+state (trainables.finetune.training_state), write it to a fresh temporary folder (trainables.state.save_state:
+safetensors and JSON, as trainables.tune_trainable.EpochCheckpoints does), copy that folder to the storage folder (what Tune does on
 tune.report with a local storage path; a bucket upload takes the place of the copy) and, for a resume, load it
 back. It prints one JSON line per model: sizes and median seconds.
 """
@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from trainables.finetune import Progress, training_state  # noqa: E402
+from trainables.state import load_state, save_state  # noqa: E402
 
 
 def models():
@@ -62,9 +63,9 @@ def measure(model, storage: Path, repeats: int) -> dict:
         times["state"].append(time.perf_counter() - tick)
         folder = tempfile.mkdtemp(prefix="checkpoint-cost-")
         tick = time.perf_counter()
-        torch.save(state, os.path.join(folder, "training_state.pt"))
+        save_state(folder, state)
         times["save"].append(time.perf_counter() - tick)
-        size = os.path.getsize(os.path.join(folder, "training_state.pt"))
+        size = sum(f.stat().st_size for f in Path(folder).iterdir())
         target = storage / f"checkpoint_{i:06d}"
         tick = time.perf_counter()
         shutil.copytree(folder, target)
@@ -72,7 +73,7 @@ def measure(model, storage: Path, repeats: int) -> dict:
         times["copy"].append(time.perf_counter() - tick)
         shutil.rmtree(folder)
         tick = time.perf_counter()
-        torch.load(target / "training_state.pt", map_location="cpu", weights_only=True)
+        load_state(target)
         times["load"].append(time.perf_counter() - tick)
         shutil.rmtree(target)
     params = sum(p.numel() for p in model.parameters())

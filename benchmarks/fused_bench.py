@@ -19,8 +19,11 @@ over the seconds per trial and the device's peak (CPU: measured matmul peak with
 
 GPU mode needs only torch, transformers and numpy (no Ray, no datasets, no scipy): the model is BERT-base's
 shape with random weights (timing only; dev accuracy means nothing there), the tokenizer any folder with
-BERT's uncased vocabulary (the offline MiniLM's, copied), SST-2 read from its TSV files. It also prints trials
-per GPU-hour and the projected time of the paper's 1,950-trial 500-example grid on one GPU.
+BERT's uncased vocabulary (the offline MiniLM's, copied), SST-2 read from its TSV files. Its packs default to
+1, 8 and as many as fit in the card's free memory; a size that cannot fit is skipped (its row says why), and a
+last row trains three such groups the way `--pack auto` does in a sweep (each set up while the one before
+trains). It also prints trials per GPU-hour and the projected time of the paper's 1,950-trial 500-example grid
+on one GPU. With --out, the JSON is rewritten as each row finishes.
 """
 from __future__ import annotations
 
@@ -56,7 +59,7 @@ def parse_args():
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--trials", type=int, default=4, help="trials the unfused loop and the peer run (default 4)")
     p.add_argument("--packs", type=int, nargs="+",
-                   help="fused pack sizes (default: --trials on CPU; 1 4 16 64 on GPU)")
+                   help="fused pack sizes (default: --trials on CPU; 1, 8 and as many as fit on GPU)")
     p.add_argument("--peer-processes", type=int, nargs="+",
                    help="peer processes at a time, one row each (default: the cores on CPU; 1 2 4 on GPU, i.e. "
                         "fractions 1, 0.5, 0.25 of the card); 0 skips the peer")
@@ -153,12 +156,22 @@ def trial_flops(cfg, data, pretrained) -> float:
 
 
 class Figures:
-    """The rows of one run: each with seconds per trial, tokens/s and MFU on the same per-trial FLOPs."""
+    """The rows of one run: each with seconds per trial, tokens/s and MFU on the same per-trial FLOPs; with
+    `out`, written to that JSON file (beside `header`) as each row lands."""
 
-    def __init__(self, cfgs, data, pretrained, peak: float):
+    def __init__(self, cfgs, data, pretrained, peak: float, out: str | None = None, header: dict | None = None):
         self.flops = [trial_flops(c, data, pretrained) for c in cfgs]
         self.tokens = [train_tokens(data, c) for c in cfgs]
-        self.peak, self.rows = peak, {}
+        self.peak, self.rows, self.out, self.header = peak, {}, out, header or {}
+
+    def write(self) -> None:
+        if self.out:
+            Path(self.out).write_text(json.dumps({**self.header, "rows": self.rows}, indent=2, default=str))
+
+    def skip(self, name: str, reason: str) -> None:
+        self.rows[name] = {"skipped": reason}
+        print(f"{name:<34} skipped: {reason}", flush=True)
+        self.write()
 
     def add(self, name: str, trials: int, wall: float, accuracy, **extra) -> dict:
         per_trial = wall / trials
@@ -169,16 +182,25 @@ class Figures:
         self.rows[name] = row
         print(f"{name:<34} {trials:>3} trials  {per_trial:8.1f} s/trial  {row['tokens_per_s']:9,.0f} tokens/s  "
               f"MFU {row['mfu']:.4f}  dev accuracy {row['dev_accuracy']}", flush=True)
+        self.write()
         return row
 
 
-def time_pack(cfgs, data, pretrained) -> tuple[float, list[float]]:
-    """(wall seconds, dev accuracies) of one fused pack of whole trials."""
+def time_pack(cfgs, data, pretrained, device_size: int | None = None) -> tuple[float, list[float]]:
+    """(wall seconds, dev accuracies) of one fused pack of whole trials, `device_size` of them at a time
+    (default: all of them; None on a GPU: as many as fit)."""
     from trainables.fused import finetune_pack
 
     tick = time.perf_counter()
-    rows = finetune_pack(cfgs, data, pretrained)
+    rows = finetune_pack(cfgs, data, pretrained, device_size=device_size)
     return time.perf_counter() - tick, [r["dev_metric"] for r in rows]
+
+
+def fitting_trials(pretrained) -> int:
+    """Trials of this model that fit in the card's free memory now (trainables.fused's planning figure)."""
+    from trainables.fused import parameter_count, trials_that_fit
+
+    return trials_that_fit(torch.cuda.mem_get_info()[0], parameter_count(pretrained))
 
 
 def time_side_by_side(cfgs, data, pretrained, at_once: int) -> tuple[float, list[float]]:
@@ -269,8 +291,7 @@ def func_step_seconds(cfgs, data, pretrained, steps: int = 5) -> float:
     from torch.func import functional_call, grad_and_value, stack_module_state, vmap
 
     from trainables.ablations import apply_ablation
-    from trainables.data import collate, train_batches
-    from trainables.fused import set_up_trial
+    from trainables.data import collate, draw_subset, train_batches
     from trainables.models import build_classifier
 
     models = []
@@ -286,7 +307,8 @@ def func_step_seconds(cfgs, data, pretrained, steps: int = 5) -> float:
         return torch.nn.functional.cross_entropy(logits.logits, labels)
 
     step = vmap(grad_and_value(loss), in_dims=(0, 0, 0, 0, 0, 0))
-    orders = [train_batches(set_up_trial(c, data, pretrained).rows, 8, np.random.default_rng(c.seed)) for c in cfgs]
+    orders = [train_batches(draw_subset(len(data.train), c.train_size, c.subset_seed), 8, np.random.default_rng(c.seed))
+              for c in cfgs]
     times = []
     for rows in list(zip(*orders))[: steps + 1]:
         width = max(int(data.train.lengths[r].max()) for r in rows)
@@ -306,15 +328,14 @@ def func_step_seconds(cfgs, data, pretrained, steps: int = 5) -> float:
 
 def pack_step_seconds(cfgs, data, pretrained, steps: int = 5) -> float:
     """Seconds per training step of our fused encoder on the same trials (after one warm-up step)."""
-    from trainables.data import train_batches
     from trainables.fused import Pack
 
     pack = Pack(cfgs, data, pretrained)
-    orders = [train_batches(s.rows, cfgs[0].batch_size, rng) for s, rng in zip(pack.setups, pack.rngs)]
+    batches, labels = pack.plan(pack.orders())
     times = []
-    for rows in list(zip(*orders))[: steps + 1]:
+    for batch, y in list(zip(batches, labels))[: steps + 1]:
         tick = time.perf_counter()
-        pack.step(list(rows))
+        pack.step(batch, y)
         pack.compute.synchronize()
         times.append(time.perf_counter() - tick)
     return float(np.median(times[1:]))
@@ -331,22 +352,36 @@ def bert_base_folder(pretrained, tokenizer_path: str, folder: str) -> str:
     return folder
 
 
-def compare(args, pretrained, data, peer_model_path: str, device: str) -> dict:
+def compare(args, pretrained, data, peer_model_path: str, device: str, header: dict) -> dict:
     """Every row on the same trials: fused packs, our unfused loop, the peer at each concurrency."""
     from trainables.cost import peak_flops
 
     gpu, layers = device.startswith("cuda"), pretrained.num_layers
-    packs = args.packs or ([1, 4, 16, 64] if gpu else [args.trials])
-    cfgs = trial_configs(max([args.trials, *packs]), args, layers, gpu)
+    fits = fitting_trials(pretrained) if gpu else None
+    packs = args.packs or ([1, 8, fits] if gpu else [args.trials])
+    grouped = 3 * fits if gpu else 0  # --pack auto's Tune trial on this card: three groups of what fits
+    cfgs = trial_configs(max([args.trials, *packs, grouped]), args, layers, gpu)
     peak, source = peak_flops(device)
-    figures = Figures(cfgs, data, pretrained, peak)
-    print(f"peak {peak / 1e12:.3f} TFLOP/s ({source}); model FLOPs per trial {figures.flops[0]:.3g}")
+    figures = Figures(cfgs, data, pretrained, peak, args.out, header)
+    print(f"peak {peak / 1e12:.3f} TFLOP/s ({source}); model FLOPs per trial {figures.flops[0]:.3g}"
+          + (f"; {fits} trials fit in the free memory" if gpu else ""), flush=True)
     for size in packs:
+        name = f"ours, fused pack of {size}"
+        if gpu and size > fits:
+            figures.skip(name, f"{size} trials do not fit in the card's free memory (at most {fits})")
+            continue
         if gpu:
             torch.cuda.reset_peak_memory_stats()
-        wall, accuracy = time_pack(cfgs[:size], data, pretrained)
+        try:
+            wall, accuracy = time_pack(cfgs[:size], data, pretrained, device_size=size)
+        except torch.OutOfMemoryError as error:
+            figures.skip(name, f"out of memory: {str(error).splitlines()[0]}")
+            continue
         extra = {"peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30} if gpu else {}
-        figures.add(f"ours, fused pack of {size}", size, wall, accuracy, **extra)
+        figures.add(name, size, wall, accuracy, **extra)
+    if gpu:
+        figures.add(f"ours, --pack auto: 3 groups of {fits}, set up in the background", grouped,
+                    *time_pack(cfgs[:grouped], data, pretrained))
     if not gpu:  # --pack auto on CPUs: packs of one, one per core
         at_once = len(os.sched_getaffinity(0))
         figures.add(f"ours, packs of 1, {at_once} side by side", args.trials,
@@ -385,9 +420,10 @@ def cpu_mode(args) -> dict:
     data = sst2_task(args.data_dir, load_tokenizer(args.tokenizer or args.model), args.model)
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()}; torch {torch.__version__}, "
           f"{args.threads} threads")
-    rows = compare(args, pretrained, data, resolve_model_path(args.model), "cpu")
+    header = {"date": time.strftime("%Y-%m-%d"), "args": vars(args), "machine": f"{os.cpu_count()} cores"}
+    rows = compare(args, pretrained, data, resolve_model_path(args.model), "cpu", header)
     print(f"load average at the end {os.getloadavg()}")
-    return {"machine": f"{os.cpu_count()} cores", "rows": rows}
+    return {**header, "rows": rows}
 
 
 def gpu_mode(args) -> dict:
@@ -398,9 +434,10 @@ def gpu_mode(args) -> dict:
     tokenizer_path = args.tokenizer or default_tokenizer()
     data = sst2_task(args.data_dir, AutoTokenizer.from_pretrained(tokenizer_path), "bert-base-uncased-vocab")
     print(f"{torch.cuda.get_device_name(0)}; torch {torch.__version__}")
+    header = {"date": time.strftime("%Y-%m-%d"), "args": vars(args), "device": torch.cuda.get_device_name(0)}
     with tempfile.TemporaryDirectory() as folder:
-        rows = compare(args, pretrained, data, bert_base_folder(pretrained, tokenizer_path, folder), "cuda:0")
-    return {"device": torch.cuda.get_device_name(0), "rows": rows}
+        rows = compare(args, pretrained, data, bert_base_folder(pretrained, tokenizer_path, folder), "cuda:0", header)
+    return {**header, "rows": rows}
 
 
 def main() -> None:
@@ -409,8 +446,7 @@ def main() -> None:
         print(json.dumps(peer_trial(args.peer_trial)))
         return
     torch.set_num_threads(args.threads)
-    figures = {"date": time.strftime("%Y-%m-%d"), "args": vars(args),
-               **(gpu_mode(args) if args.device == "cuda" else cpu_mode(args))}
+    figures = gpu_mode(args) if args.device == "cuda" else cpu_mode(args)
     if args.out:
         Path(args.out).write_text(json.dumps(figures, indent=2, default=str))
 

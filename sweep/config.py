@@ -119,8 +119,8 @@ class RunSettings:
     pack: int | str = setting(
         "auto", "train up to N trials of the same task, size and schedule as one fused computation (one Tune "
         "trial, resources scaled to it, one row per trial); 1: each trial alone, unfused; auto: on CPUs each trial "
-        "fused alone (the fused encoder is the faster there), on GPUs as many as fit in GPU memory; with "
-        "--checkpoint-every below its default, as 1 (packs keep no checkpoint) (default auto). Sequential "
+        "fused alone (the fused encoder is the faster there), on GPUs as many as fit in the free GPU memory; "
+        "packs checkpoint as trials do (default auto). Sequential "
         "finetuning, searches and probing run unfused", type=parse_pack, metavar="N|auto", bad=("0",),
         group=RUN_GROUP)
     logger: tuple[str, ...] = setting((), "also log every trial's per-epoch figures and settings to wandb (Weights "

@@ -15,11 +15,11 @@ import hashlib
 # trial's matmuls already keep its cores busy): two packs of one side by side, a thread each, did a trial step
 # in 0.08 s of the machine, a pack of 2 on both threads in 0.10 s. Packs of one also land each row as it ends.
 AUTO_PACK_CPU = 1
-# --pack auto on GPUs: as many trials as fit in this share of the card's memory, at most AUTO_PACK_MAX.
-# A trial holds 4 bytes a parameter for each of its weights, gradients and two Adam moments, 4 more for the
-# copy its weight change is measured from; activations at batch 8 and <=128 tokens are small beside that.
-GPU_MEMORY_SHARE = 0.8
-BYTES_PER_PARAMETER = 20
+# --pack auto on GPUs: a Tune trial holds GPU_PACKS_PER_TRIAL groups of as many trials as fit in the free
+# memory of the card with the least (trainables.fused.trials_that_fit, at its measured bytes a parameter), at
+# most AUTO_PACK_MAX a group: one group trains while the next is set up, so the card waits on no setup but the
+# first. The trainable sizes its groups again from its own card's free memory.
+GPU_PACKS_PER_TRIAL = 3
 AUTO_PACK_MAX = 64
 
 
@@ -35,37 +35,42 @@ def parse_pack(value: str) -> int | str:
 
 
 def memory_sized_pack(gpu_memory_bytes: int, parameters: int) -> int:
-    """The most trials of `parameters` each that fit in GPU_MEMORY_SHARE of the card (1..AUTO_PACK_MAX)."""
-    fits = int(GPU_MEMORY_SHARE * gpu_memory_bytes // (BYTES_PER_PARAMETER * parameters))
-    return max(1, min(AUTO_PACK_MAX, fits))
+    """The most trials of `parameters` each that fit in `gpu_memory_bytes` free (1..AUTO_PACK_MAX)."""
+    from trainables.fused import trials_that_fit
+
+    return min(AUTO_PACK_MAX, trials_that_fit(gpu_memory_bytes, parameters))
 
 
-def resolve_pack(pack: int | str, gpus_per_trial: float, parameters: int,
-                 checkpointed: bool = False) -> tuple[int, bool]:
+def resolve_pack(pack: int | str, gpus_per_trial: float, parameters: int) -> tuple[int, bool]:
     """(trials a pack, whether a trial alone is fused too). --pack N: N as given, and a trial left alone
-    (N = 1: every trial) trains unfused, as before packs; auto: fused packs of AUTO_PACK_CPU on CPUs, memory-sized
-    on GPUs, unless `checkpointed` (--checkpoint-every asked for checkpoints sooner than its default: packs keep
-    none, so auto then trains every trial alone and unfused, as --pack 1)."""
+    (N = 1: every trial) trains unfused, as before packs; auto: fused packs of AUTO_PACK_CPU on CPUs,
+    memory-sized on GPUs. Packs checkpoint as single trials do, so checkpoints change nothing here."""
     if pack != "auto":
         return int(pack), False
-    if checkpointed:
-        return 1, False
     if gpus_per_trial == 0:
         return AUTO_PACK_CPU, True
-    return memory_sized_pack(gpu_memory(gpus_per_trial), parameters), True
+    return GPU_PACKS_PER_TRIAL * memory_sized_pack(gpu_memory(gpus_per_trial), parameters), True
 
 
 def gpu_memory(gpus_per_trial: float) -> int:
-    """Total memory of a GPU the cluster would give a trial (asked of a Ray task on one: the driver may have none)."""
+    """The free memory of the GPU with the least of it, asked of a Ray task on every node that has GPUs (the
+    driver may have none; nodes may hold different cards, or cards partly taken by others): a pack sized from
+    it fits on any of them. With no GPU node up yet (an autoscaler brings them), the first one to come says."""
     import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     @ray.remote(num_gpus=min(gpus_per_trial, 1.0))
-    def total_memory() -> int:
+    def free_memory() -> int:
         import torch
 
-        return int(torch.cuda.get_device_properties(0).total_memory)
+        return int(torch.cuda.mem_get_info()[0])
 
-    return ray.get(total_memory.remote())
+    nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("GPU", 0) > 0]
+    if not nodes:
+        return ray.get(free_memory.remote())
+    pinned = [free_memory.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
+              for node in nodes]
+    return min(ray.get(pinned))
 
 
 def fusable(trial: dict, pretrained) -> bool:

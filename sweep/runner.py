@@ -192,15 +192,12 @@ def run_trials(
     if resume:
         print(f"--resume: each unfinished trial goes on from the newest checkpoint an earlier run left for it under "
               f"{tune_dir}", flush=True)
-    checkpointed = checkpoint_every is not None and checkpoint_every < CHECKPOINT_EVERY
-    size, fuse_alone = resolve_pack(options.pack, gpus_per_trial,
-                                    max(map(parameter_count, pretrained.values())), checkpointed)
+    size, fuse_alone = resolve_pack(options.pack, gpus_per_trial, max(map(parameter_count, pretrained.values())))
     units = group_into_packs([spec.to_config() for spec in specs], size, pretrained, fuse_alone)
     if size > 1 or fuse_alone:
         fused = sum("pack" in unit for unit in units)
         print(f"--pack {options.pack}: up to {size} trial{'s' * (size > 1)} a fused pack; {len(specs)} "
-              f"trials in {len(units)} Tune trials, {fused} of them fused packs (packs keep no checkpoint; "
-              f"--checkpoint-every below {CHECKPOINT_EVERY:g} or --pack 1 trains trials alone, checkpointed)", flush=True)
+              f"trials in {len(units)} Tune trials, {fused} of them fused packs", flush=True)
     progress = ProgressView({s.trial_id: s.train_size * s.epochs for s in specs})
     writer = RowWriter(folder, keep_checkpoints=keep_checkpoints, progress=progress)
     tuner = make_tuner(

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pyarrow.fs
 import pytest
-import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from analysis.results import read_results
@@ -24,6 +23,7 @@ from trainables.finetune import finetune
 from trainables.models import load_pretrained, load_tokenizer
 from trainables.tasks import load_task
 from tests.conftest import run_then_sigkill
+from trainables.state import save_state
 from trainables.tune_trainable import FAIL_AFTER_EPOCH, STATE_FILE, finetune_config
 
 
@@ -192,8 +192,7 @@ def test_a_recorded_checkpoint_deleted_since_falls_back_to_the_newest_surviving_
 
     trial = tmp_path / "trial"
     for index, epoch in ((1, 2), (2, 3)):  # Tune kept the last two; checkpoint_000000 (epoch 1) is gone
-        (trial / f"checkpoint_00000{index}").mkdir(parents=True)
-        torch.save({"epoch": epoch}, trial / f"checkpoint_00000{index}" / STATE_FILE)
+        save_state(trial / f"checkpoint_00000{index}", {"epoch": epoch})
     (trial / "checkpoint_000003").mkdir()
     (trial / "checkpoint_000003" / "FINISHED").write_text("a note, no weights")
     assert load_state(tune.Checkpoint(str(trial / "checkpoint_000000"))) == {"epoch": 3}

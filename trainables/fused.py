@@ -1,13 +1,31 @@
 """Many trials, one computation: a pack of finetuning trials trained as one batched encoder, no Ray.
 
 Trials that share model, task, subset size, epochs, batch size, schedule and precision step in lock step.
-Each trial is still built as `finetune` builds it (`build_classifier`, then `apply_ablation`: surgery is never
-reimplemented here); its weights are then stacked with its pack-mates' into tensors of shape [P, ...], and a
-compact BERT-layout encoder runs all P trials with batched matmuls. Everything else stays per trial: the
-subset, the batch order, the dropout stream (a torch.Generator of its own, masks drawn at the trial's own
-batch shape), the learning rate of every parameter group (taken from the trial's own `make_optimizer`),
-weight decay, gradient clipping and divergence (a trial whose loss turns non-finite stops updating; its
-pack-mates never see it).
+Everything a trial owns stays its own: its weights after surgery, its subset and batch order, its dropout
+stream, its learning rate for every parameter, its weight decay, its gradient clipping, its divergence (a
+trial whose loss turns non-finite is reported diverged and left out of every later report; its pack-mates
+never see it).
+
+What a GPU needs, and why the code is shaped so (measured on a CPU, docs/benchmarks.md "Fused engine"):
+- The host's work per step does not grow with the pack. The weights of all P trials live in two buffers
+  ("banks") of shape [P, D]: the vocabulary's table alone in bank 0 (so its rows can be read and updated
+  sparsely on CPUs), every other tensor in bank 1; each named tensor is a view. AdamW, clipping and the
+  gradient bookkeeping are a few ops over the banks, with every trial's (and every layer's) learning rate a
+  tensor, as HFTA does: no per-trial loop anywhere in a step.
+- Dropout is drawn once per site for the whole pack by a counter-based hash (SplitMix64's finalizer) of
+  (the trial's key, the optimizer step, the site, the element's coordinates within the trial's own batch), so
+  a trial's masks are the same in any pack, and resumable from the step count alone.
+- A whole epoch's batches go to the device in one copy; nothing in a step waits for the device. On GPUs,
+  sequence widths are bucketed to a few sizes (CUDA graphs and torch.compile need few shapes).
+- Setup: the pretrained weights are laid out once per pack; each trial's head and surgery are drawn straight
+  into its row of the banks, by Hugging Face's own initializer and by `apply_ablation` itself on a skeleton
+  model whose parameters are views of that row (surgery is never reimplemented here; tests hold the result
+  equal to `finetune`'s model). Trials are set up in threads.
+- Memory: a pack measures its own peak (`Pack.peak_memory`: one step and one evaluation batch at its
+  largest shapes); gradients and moments are freed before the last evaluation; an out-of-memory error splits
+  the pack in two, each half going on from the step where it stopped.
+- Checkpoints: `finetune_pack(save=...)` hands out, at epoch ends, a state (banks, moments, batch-order
+  streams, step counts, figures so far) from which `resume=` goes on to the same numbers.
 
 Layout: the linear layers run on each trial's tokens packed end to end ([P, N, H], N = the most tokens any
 trial has in this step), so short sentences cost no padding there; attention gathers the tokens into
@@ -15,9 +33,14 @@ trial has in this step), so short sentences cost no padding there; attention gat
 """
 from __future__ import annotations
 
+import concurrent.futures
+import copy
 import dataclasses
+import math
+import os
 import time
 import uuid
+import warnings
 from typing import Callable
 
 import numpy as np
@@ -25,12 +48,14 @@ import torch
 import torch.nn.functional as F
 
 from trainables.ablations import apply_ablation
-from trainables.cost import cost_fields, non_embedding_params, peak_flops
+from trainables.cost import cost_fields, non_embedding_params, peak_flops, sequence_flops
 from trainables.data import TokenizedSplit, TokenizedTask, draw_subset, eval_batches, train_batches
 from trainables.finetune import (RECIPE_VERSION, Compute, FinetuneConfig, evaluated_at, hold_out, make_optimizer,
                                  pick_device)
+from trainables.memory import peak_bytes
 from trainables.metrics import chance_figures, compute_metrics
-from trainables.models import Pretrained, build_classifier, embeddings, layer_stack, pooler
+from trainables.models import (Pretrained, classifier_skeleton, embeddings, encoder_state, init_fresh_parts,
+                               layer_stack, mark_loaded, pooler)
 from trainables.tasks import SQUAD_V2
 
 # Model types whose encoder has BERT's layout (post-LayerNorm layers, absolute positions, pooler + linear
@@ -40,9 +65,23 @@ FUSED_MODEL_TYPES = ("bert",)
 PACK_FIELDS = ("task", "train_size", "val_size", "epochs", "batch_size", "lr_schedule", "eval_every",
                "eval_batch_size", "precision", "gpu_fraction")
 LINEAR_WEIGHTS = ("qkv_w", "attn_out_w", "ffn_in_w", "ffn_out_w")  # weight_distance's nn.Linear weights
-# Stacked as [P, in, out], nn.Linear's weight transposed: the batched matmul's weight gradient then comes out in
-# the parameter's own layout (nn.Linear's [out, in] made autograd copy every weight gradient at every step).
-TRANSPOSED = (*LINEAR_WEIGHTS, "pool_w", "head_w")
+LINEARS = ("qkv", "attn_out", "ffn_in", "ffn_out")  # per layer; then "pool" and "head"
+# Tensors whose gradients autograd adds up (small: LayerNorms, the position and token-type tables). They
+# lead bank 1, so one op zeroes their gradients; every linear layer's gradient is written whole each step.
+ACCUMULATED = ("position", "token_type", "emb_ln_w", "emb_ln_b", "attn_ln_w", "attn_ln_b", "ffn_ln_w", "ffn_ln_b")
+# Bytes a trial holds at its peak per parameter on a GPU (benchmarks/engine_bench.py; docs/benchmarks.md,
+# "Fused engine"): 4 each for its weights, gradients and Adam's two moments, plus the activations and bf16
+# weight copies of a step of BERT-base at batch 8 on GLUE's sentences. How many trials train at once is planned
+# with it, in this share of a card's free memory (the rest for what the caching allocator keeps around them);
+# a group that still does not fit splits itself.
+PEAK_BYTES_PER_PARAMETER = 20
+MEMORY_SHARE = 0.9
+# Test-only fault injection: "N" or "N:STEP": a pack of more than N trials runs out of memory (at its optimizer
+# step STEP, default 0), as a card too small for it would, so tests can watch the pack split and go on.
+OOM_ABOVE = "REINIT_SWEEP_OOM_ABOVE"
+# The ACCUMULATED tensors' gradients are views of the gradient bank, strided over the pack on purpose; autograd
+# adds into them in place and warns that a strided gradient "may impair performance" (they are small).
+LAYOUT_WARNING = "grad and param do not obey the gradient layout contract"
 
 
 def unfused_reason(cfg: FinetuneConfig, pretrained: Pretrained) -> str | None:
@@ -92,13 +131,62 @@ def hf_parameters(model: torch.nn.Module) -> dict[str, list[torch.nn.Parameter]]
     return named
 
 
+def parameter_count(pretrained: Pretrained) -> int:
+    return sum(t.numel() for t in pretrained.state_dict.values())
+
+
+def kind(name: str) -> str:
+    return name.rsplit(".", 1)[-1]
+
+
+# --- where each tensor lives -------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Where each stacked tensor lives in a trial's row of the banks: (bank, offset) and its shape (nn.Linear's
+    own [out, in], query, key and value stacked along out), so that every Hugging Face parameter of a trial is
+    a contiguous view of its row."""
+
+    shapes: dict[str, tuple[int, ...]]
+    places: dict[str, tuple[int, int]]
+    widths: tuple[int, int]  # elements of one trial in bank 0 and bank 1
+    accumulated: int  # bank 1's leading elements: the ACCUMULATED tensors
+
+    @classmethod
+    def of(cls, model: torch.nn.Module) -> "Layout":
+        named = hf_parameters(model)
+        shapes = {n: (sum(p.shape[0] for p in ps), *ps[0].shape[1:]) for n, ps in named.items()}
+        places, widths = {"word": (0, 0)}, [math.prod(shapes["word"]), 0]
+        leading = [n for n in named if kind(n) in ACCUMULATED]
+        for name in leading + [n for n in named if n != "word" and kind(n) not in ACCUMULATED]:
+            places[name] = (1, widths[1])
+            widths[1] += math.prod(shapes[name])
+        return cls(shapes, places, tuple(widths), sum(math.prod(shapes[n]) for n in leading))
+
+    def view(self, banks, name: str) -> torch.Tensor:
+        """Tensor `name` in `banks` ([P, D] each: [P, *shape]; one trial's rows [D]: [*shape])."""
+        bank, offset = self.places[name]
+        flat = banks[bank][..., offset:offset + math.prod(self.shapes[name])]
+        return flat.view(*flat.shape[:-1], *self.shapes[name])
+
+    def names(self, bank: int) -> list[str]:
+        return sorted((n for n in self.shapes if self.places[n][0] == bank), key=lambda n: self.places[n][1])
+
+    def sizes(self, bank: int) -> list[int]:
+        return [math.prod(self.shapes[n]) for n in self.names(bank)]
+
+
+# --- setting trials up -------------------------------------------------------------------------------------
+
+
 @dataclasses.dataclass(frozen=True)
 class TrialSetup:
-    """One trial as `finetune` would start it: its weights after surgery, keyed as `hf_parameters`, and for
-    each key its (learning rate, weight decay) from the trial's own optimizer groups."""
+    """One trial as `finetune` would start it, less its weights (drawn into the banks): for each stacked tensor
+    its (learning rate, weight decay) from the trial's own optimizer groups, its schedule and subset."""
 
-    weights: dict[str, torch.Tensor]
     hyper: dict[str, tuple[float, float]]
+    base_lr: float  # its first optimizer group's learning rate (what LambdaLR.get_last_lr()[0] scales)
     schedule: Callable[[int], float]  # the lr factor at optimizer step s (LambdaLR's lambda)
     betas: tuple[float, float]
     eps: float
@@ -106,23 +194,115 @@ class TrialSetup:
     n_params: int
 
 
-def set_up_trial(cfg: FinetuneConfig, data: TokenizedTask, pretrained: Pretrained) -> TrialSetup:
-    model = build_classifier(pretrained, data.num_labels, cfg.seed)
+def bind(model: torch.nn.Module, layout: Layout, rows) -> None:
+    """Point every parameter of `model` (a skeleton on the meta device) at its place in one trial's `rows` of
+    the banks, and give its buffers real memory (the initializer rebuilds them)."""
+    qualified = {id(p): name for name, p in model.named_parameters()}
+    for name, params in hf_parameters(model).items():
+        whole, start = layout.view(rows, name), 0
+        for param in params:
+            module_name, _, attribute = qualified[id(param)].rpartition(".")
+            piece = whole[start:start + param.shape[0]]
+            setattr(model.get_submodule(module_name), attribute, torch.nn.Parameter(piece, requires_grad=False))
+            start += param.shape[0]
+    for name, buffer in list(model.named_buffers()):
+        module_name, _, attribute = name.rpartition(".")
+        model.get_submodule(module_name)._buffers[attribute] = torch.empty_like(buffer, device=rows[0].device)
+
+
+def settle(model: torch.nn.Module, layout: Layout, rows) -> None:
+    """After surgery, write every tensor that no longer sits in its own place (a permutation moves layers; an
+    ablation may swap in new modules) to where the encoder reads it. All are read before any is written."""
+    moved = {}
+    for name, params in hf_parameters(model).items():
+        whole, start, in_place = layout.view(rows, name), 0, True
+        for param in params:
+            piece = whole[start:start + param.shape[0]]
+            in_place &= param.data_ptr() == piece.data_ptr() and param.shape == piece.shape
+            start += param.shape[0]
+        if not in_place:
+            moved[name] = torch.cat([p.detach().reshape(-1) for p in params]).clone()
+    for name, values in moved.items():
+        layout.view(rows, name).view(-1).copy_(values)
+
+
+def set_up_trial(cfg: FinetuneConfig, data: TokenizedTask, pretrained: Pretrained, template: torch.nn.Module,
+                 layout: Layout, rows) -> TrialSetup:
+    """Trial `cfg` drawn straight into its `rows` of the banks (which hold the pretrained weights on entry),
+    with the very draws `finetune` makes: the head by Hugging Face's initializer from the trial's seed
+    (build_classifier), then apply_ablation, both on a copy of `template` bound to those rows."""
+    model = copy.deepcopy(template)
+    bind(model, layout, rows)
+    mark_loaded(model.base_model, encoder_state(model.base_model, pretrained))
+    init_fresh_parts(model, cfg.seed)
     apply_ablation(cfg.ablation, model, cfg.seed)
-    rows, _ = hold_out(draw_subset(len(data.train), cfg.train_size, cfg.subset_seed), cfg.val_size, cfg.subset_seed)
-    optimizer, scheduler = make_optimizer(model, cfg, rows)
+    settle(model, layout, rows)
+    subset, _ = hold_out(draw_subset(len(data.train), cfg.train_size, cfg.subset_seed), cfg.val_size, cfg.subset_seed)
+    optimizer, scheduler = make_optimizer(model, cfg, subset)
     group_of = {id(p): (g["initial_lr"], g["weight_decay"]) for g in optimizer.param_groups for p in g["params"]}
-    weights, hyper = {}, {}
+    hyper = {}
     for name, params in hf_parameters(model).items():
         settings = {group_of[id(p)] for p in params}
         if len(settings) != 1:
             raise ValueError(f"parameters stacked as '{name}' have different optimizer settings {settings}")
-        weights[name] = torch.cat([p.detach() for p in params]) if len(params) > 1 else params[0].detach()
-        if name.split(".")[-1] in TRANSPOSED:
-            weights[name] = weights[name].t().contiguous()
         hyper[name] = settings.pop()
-    return TrialSetup(weights, hyper, scheduler.lr_lambdas[0], optimizer.defaults["betas"],
-                      optimizer.defaults["eps"], rows, non_embedding_params(model))
+    return TrialSetup(hyper, optimizer.param_groups[0]["initial_lr"], scheduler.lr_lambdas[0],
+                      tuple(optimizer.defaults["betas"]), optimizer.defaults["eps"], subset, non_embedding_params(model))
+
+
+def pretrained_rows(layout: Layout, template: torch.nn.Module, pretrained: Pretrained) -> list[torch.Tensor]:
+    """One trial's rows of the banks holding the pretrained weights (zeros where the checkpoint has none):
+    laid out once per pack."""
+    rows = [torch.empty(width) for width in layout.widths]
+    state = encoder_state(template.base_model, pretrained)
+    key = {id(p): name for name, p in template.base_model.named_parameters()}
+    for name, params in hf_parameters(template).items():
+        pieces = [state.get(key.get(id(p), "")) for p in params]
+        if all(piece is not None for piece in pieces):
+            layout.view(rows, name).copy_(torch.cat(pieces) if len(pieces) > 1 else pieces[0])
+        else:
+            layout.view(rows, name).zero_()
+    return rows
+
+
+def set_up_pack(cfgs: list[FinetuneConfig], data: TokenizedTask, pretrained: Pretrained, device,
+                workers: int | None = None, staged: bool | None = None) -> tuple[Layout, list[TrialSetup], list[torch.Tensor]]:
+    """(layout, setups, banks [P, D] on `device`): every trial set up as `finetune` would, `workers` trials at a
+    time in threads (default: the CPU threads torch uses). On a CPU each trial is drawn in place in its row of
+    the banks; on a GPU (`staged`) into a host copy of the pretrained rows, then copied over."""
+    template = classifier_skeleton(pretrained, data.num_labels)
+    layout = Layout.of(template)
+    source = pretrained_rows(layout, template, pretrained)
+    banks = [torch.empty((len(cfgs), width), device=device) for width in layout.widths]
+    on_host = banks[0].device.type == "cpu" if staged is None else not staged
+    if on_host:
+        for bank, row in zip(banks, source):
+            bank.copy_(row.expand_as(bank))
+
+    def one(p: int) -> TrialSetup:
+        rows = [bank[p] for bank in banks] if on_host else [row.clone() for row in source]
+        setup = set_up_trial(cfgs[p], data, pretrained, template, layout, rows)
+        if not on_host:
+            for bank, row in zip(banks, rows):
+                bank[p].copy_(row)
+        return setup
+
+    workers = max(1, min(len(cfgs), workers or torch.get_num_threads()))
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        setups = list(pool.map(one, range(len(cfgs))))
+    return layout, setups, banks
+
+
+# --- batches -----------------------------------------------------------------------------------------------
+
+
+def bucket(n: int) -> int:
+    """The smallest of 8, 12, 16, 24, 32, 48, ... (2^k and 3 * 2^(k-1)) at least n: at most a third of padding,
+    and few enough distinct shapes for CUDA graphs or torch.compile."""
+    size = 8
+    while size < n:
+        size = size * 3 // 2 if size & (size - 1) == 0 else size * 4 // 3
+    return size
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,12 +317,19 @@ class PackBatch:
     first: torch.Tensor  # [P * B] row of [P * N] holding each sequence's first token
     keys: torch.Tensor  # [P * B, 1, 1, T] bool: which key slots hold real tokens
     lengths: np.ndarray  # [P, B]
+    blocked: torch.Tensor | None = None  # ~keys (made once per move, not once per layer)
 
 
-def pack_batch(split: TokenizedSplit, rows: list[np.ndarray], pad_id: int, device) -> PackBatch:
+INDEX_FIELDS = ("ids", "types", "positions", "gather", "scatter", "first")
+
+
+def batch_arrays(split: TokenizedSplit, rows: list[np.ndarray], pad_id: int, bucketed: bool) -> dict:
+    """The host arrays of one PackBatch (see PackBatch), widths bucketed or not."""
     lengths = np.stack([split.lengths[r] for r in rows])
     P, B = lengths.shape
     width, n = int(lengths.max()), int(lengths.sum(1).max())
+    if bucketed:
+        width, n = bucket(width), bucket(n)
     ids = np.full((P, n), pad_id, dtype=np.int64)
     types, positions = np.zeros((P, n), dtype=np.int64), np.zeros((P, n), dtype=np.int64)
     gather = np.zeros((P, B, width), dtype=np.int64)
@@ -161,48 +348,162 @@ def pack_batch(split: TokenizedSplit, rows: list[np.ndarray], pad_id: int, devic
         scatter[p, :k] = (p * B + seq) * width + pos
         scatter[p, k:] = p * B * width  # padding tokens read a real slot of their own trial; never used
         first[p] = p * n + starts
-    as_tensor = lambda a: torch.from_numpy(a).to(device, non_blocking=True)  # noqa: E731
-    keys = np.arange(width) < lengths[..., None]
-    return PackBatch(as_tensor(ids), as_tensor(types), as_tensor(positions), as_tensor(gather.reshape(-1)),
-                     as_tensor(scatter.reshape(-1)), as_tensor(first.reshape(-1)),
-                     as_tensor(keys.reshape(P * B, 1, 1, width)), lengths)
+    keys = (np.arange(width) < lengths[..., None]).reshape(P * B, 1, 1, width)
+    return {"ids": ids, "types": types, "positions": positions, "gather": gather.reshape(-1),
+            "scatter": scatter.reshape(-1), "first": first.reshape(-1), "keys": keys, "lengths": lengths}
+
+
+def to_device(arrays: list[dict], labels: list[np.ndarray], device) -> tuple[list[PackBatch], list[torch.Tensor]]:
+    """Many steps' batches moved in three copies (indices, key masks, labels), then cut into per-step views:
+    on a GPU from pinned memory, so the copies overlap the device's work and no step waits for them."""
+    pin = torch.device(device).type == "cuda"
+
+    def move(parts: list[np.ndarray]) -> list[torch.Tensor]:
+        flat = torch.from_numpy(np.concatenate([a.reshape(-1) for a in parts]))
+        moved = (flat.pin_memory() if pin else flat).to(device, non_blocking=pin)
+        return list(torch.split(moved, [a.size for a in parts]))
+
+    if not arrays:
+        return [], []
+    indices = move([a[f] for a in arrays for f in INDEX_FIELDS])
+    keys = move([a["keys"] for a in arrays])
+    blocked = torch.split(~torch.cat(keys), [k.numel() for k in keys])
+    batches = []
+    for i, a in enumerate(arrays):
+        fields = {f: t.view(a[f].shape) for f, t in zip(INDEX_FIELDS, indices[i * 6:(i + 1) * 6])}
+        batches.append(PackBatch(**fields, keys=keys[i].view(a["keys"].shape), lengths=a["lengths"],
+                                 blocked=blocked[i].view(a["keys"].shape)))
+    return batches, [t.view(y.shape) for t, y in zip(move(labels), labels)]
+
+
+def pack_batch(split: TokenizedSplit, rows: list[np.ndarray], pad_id: int, device, bucketed: bool = False) -> PackBatch:
+    """One step's batch, moved on its own."""
+    return to_device([batch_arrays(split, rows, pad_id, bucketed)], [np.zeros(0)], device)[0][0]
+
+
+# --- dropout -----------------------------------------------------------------------------------------------
+
+
+def _signed(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+GAMMA = _signed(0x9E3779B97F4A7C15)  # SplitMix64's increment: consecutive counters land far apart
+MIX = (_signed(0xBF58476D1CE4E5B9), _signed(0x94D049BB133111EB))
+DROPOUT_STREAM = 0xD80  # keeps the dropout keys apart from every other use of a trial's seed
+SPAN = 1 << 10  # attention elements are numbered (sequence, head, query, key) as if the batch were 1024 wide
+KEEP_BITS = 24
+
+
+def mix64(z: torch.Tensor) -> torch.Tensor:
+    """SplitMix64's finalizer on int64 tensors (two's-complement products wrap as on uint64; the right shifts
+    are made logical by masking)."""
+    z = (z ^ ((z >> 30) & ((1 << 34) - 1))) * MIX[0]
+    z = (z ^ ((z >> 27) & ((1 << 37) - 1))) * MIX[1]
+    return z ^ ((z >> 31) & ((1 << 33) - 1))
+
+
+def dropout_keys(seeds) -> np.ndarray:
+    return np.array([_signed(int(np.random.SeedSequence([int(s), DROPOUT_STREAM]).generate_state(1, np.uint64)[0]))
+                     for s in seeds], dtype=np.int64)
 
 
 class Dropout:
-    """Per-trial dropout: trial p's masks come from its own generator at its own batch's shape (its real
-    tokens; its own longest sequence for attention), then are padded, so neighbours never change them."""
+    """Per-trial dropout, drawn for the whole pack at once: element e of trial p's mask at optimizer step t,
+    site s, is kept when the low 24 bits of mix64(key(p, t, s) + e * GAMMA) fall below (1 - rate) * 2^24, with
+    e numbered within the trial's own batch (its packed tokens; its sequences, heads, queries and keys on a
+    fixed 1024-wide grid; its pooled sequences), so neither its pack-mates nor padding change its masks. The
+    hidden sites' masks of a whole step (the embeddings' and two a layer, all of one shape) are drawn by one
+    hash at the first of them; each attention site and the classifier's draw their own."""
 
-    def __init__(self, seeds, hidden: float, attention: float, classifier: float, device):
-        self.generators = [torch.Generator(device).manual_seed(int(s)) for s in seeds]
+    def __init__(self, seeds, hidden: float, attention: float, classifier: float, num_layers: int, device):
+        self.keys = torch.from_numpy(dropout_keys(seeds)).to(device)
         self.hidden_p, self.attention_p, self.classifier_p = hidden, attention, classifier
+        self.hidden_sites = 2 * num_layers + 1  # then num_layers attention sites, then the classifier's
+        self.sites = torch.arange(self.hidden_sites + num_layers + 1, device=device)
+        self.site_keys = self.keys[:, None]
+        self._ids: dict[str, torch.Tensor] = {}
+        self.begin(0)
 
-    def _masks(self, like: torch.Tensor, p: float, own_shapes) -> torch.Tensor:
-        masks = torch.zeros(like.shape, dtype=like.dtype, device=like.device)
-        for i, (generator, shape) in enumerate(zip(self.generators, own_shapes)):
-            draw = torch.empty(shape, dtype=like.dtype, device=like.device).bernoulli_(1 - p, generator=generator)
-            masks[i][tuple(slice(0, s) for s in shape)] = draw
-        return masks / (1 - p)
+    def begin(self, step: int) -> None:
+        """The keys of every site at optimizer step `step` (one small computation a step)."""
+        self.site_keys = mix64(self.keys[:, None] + (self.sites + step * len(self.sites)) * GAMMA)
+        self.hidden_masks, self.hidden_site, self.attention_site = None, 0, 0
+
+    def _coordinates(self, kind: str, shape: tuple, make) -> torch.Tensor:
+        cached = self._ids.get(kind)
+        if cached is None or cached.shape != shape:
+            cached = self._ids[kind] = make() * GAMMA
+        return cached
+
+    @staticmethod
+    def _masks(ids: torch.Tensor, keys: torch.Tensor, rate: float, dtype) -> torch.Tensor:
+        kept = (mix64(ids + keys) & ((1 << KEEP_BITS) - 1)) < round((1 - rate) * (1 << KEEP_BITS))
+        return (kept * (1.0 / (1 - rate))).to(dtype)
 
     def hidden(self, x: torch.Tensor, batch: PackBatch) -> torch.Tensor:  # x [P, N, H]
         if self.hidden_p == 0:
             return x
-        return x * self._masks(x, self.hidden_p, [(int(k), x.shape[-1]) for k in batch.lengths.sum(1)])
+        if self.hidden_masks is None:  # [sites, P, N, H]
+            N, H = x.shape[1:]
+            ids = self._coordinates("hidden", (N, H), lambda: torch.arange(N * H, device=x.device).view(N, H))
+            keys = self.site_keys[:, :self.hidden_sites].T[:, :, None, None]
+            self.hidden_masks = self._masks(ids, keys, self.hidden_p, x.dtype)
+        mask = self.hidden_masks[self.hidden_site]
+        self.hidden_site += 1
+        return x * mask
 
     def attention(self, probs: torch.Tensor, batch: PackBatch) -> torch.Tensor:  # probs [P * B, heads, T, T]
         P, B = batch.lengths.shape
-        view = probs.view(P, B, *probs.shape[1:])
-        own = [(B, probs.shape[1], int(w), int(w)) for w in batch.lengths.max(1)]
-        return (view * self._masks(view, self.attention_p, own)).view_as(probs)
+        heads, T = probs.shape[1], probs.shape[-1]
+
+        def make():
+            grid = torch.arange(T, device=probs.device)
+            sequence_head = torch.arange(B * heads, device=probs.device).view(B, heads, 1, 1) * (SPAN * SPAN)
+            return sequence_head + grid.view(T, 1) * SPAN + grid
+
+        ids = self._coordinates("attention", (B, heads, T, T), make)
+        keys = self.site_keys[:, self.hidden_sites + self.attention_site].view(P, 1, 1, 1, 1)
+        self.attention_site += 1
+        view = probs.view(P, B, heads, T, T)
+        return (view * self._masks(ids, keys, self.attention_p, probs.dtype)).view_as(probs)
 
     def classifier(self, x: torch.Tensor) -> torch.Tensor:  # x [P, B, H]
         if self.classifier_p == 0:
             return x
-        return x * self._masks(x, self.classifier_p, [x.shape[1:]] * x.shape[0])
+        B, H = x.shape[1:]
+        ids = self._coordinates("classifier", (B, H), lambda: torch.arange(B * H, device=x.device).view(B, H))
+        return x * self._masks(ids, self.site_keys[:, -1].view(-1, 1, 1), self.classifier_p, x.dtype)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """Each trial's x [P, N, in] through its own weight [P, in, out] (TRANSPOSED) and bias [P, out]."""
-    return torch.baddbmm(bias.unsqueeze(1), x, weight)
+# --- the encoder -------------------------------------------------------------------------------------------
+
+
+class _Linear(torch.autograd.Function):
+    """Each trial's x [P, N, in] through its own weight [P, out, in] and bias [P, out]. The weight's and
+    bias's gradients are written straight into their places in the gradient bank: returned to autograd, they
+    would be added into it (a zeroed buffer, an extra pass) or copied from the transposed layout the batched
+    matmul makes."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, grad_weight, grad_bias, dtype):
+        w, b, x = weight.to(dtype), bias.to(dtype), x.to(dtype)
+        ctx.save_for_backward(x, w)
+        ctx.grads = (grad_weight, grad_bias)
+        return torch.baddbmm(b.unsqueeze(1), x, w.mT)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, w = ctx.saved_tensors
+        grad = grad.to(w.dtype)
+        grad_weight, grad_bias = ctx.grads
+        if grad_weight.dtype == w.dtype:
+            torch.bmm(grad.mT, x, out=grad_weight)
+            torch.sum(grad, 1, out=grad_bias)
+        else:
+            grad_weight.copy_(torch.bmm(grad.mT, x))
+            grad_bias.copy_(grad.sum(1))
+        return torch.bmm(grad, w), None, None, None, None, None
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
@@ -210,29 +511,33 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: f
 
 
 def embed(table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """Each trial's rows of its own table [P, V, H] for ids [P, N]."""
-    P, V, H = table.shape
-    offsets = torch.arange(P, device=ids.device).unsqueeze(1) * V
-    return F.embedding(ids + offsets, table.reshape(P * V, H))
+    """Each trial's rows of its own table [P, V, H] (any strides) for ids [P, N]."""
+    return table[torch.arange(table.shape[0], device=ids.device).unsqueeze(1), ids]
 
 
 class RowGradient:
-    """The gradient of a large embedding table (the vocabulary's), kept in `table.grad` from step to step: a
-    step's batches touch a few hundred of its rows, and on a CPU a dense gradient built afresh each step
-    (autograd's) cost more than the step's matmuls (zeroing [P, 30522, H] on newly mapped memory, then reading
-    it whole for the clipping norm). `lookup` reads rows; backward adds into the rows it read; `clear` zeroes
-    the rows the last step touched. On a CPU (`sparse`) the clipping norm and scale read only those rows; on a
-    GPU they read the whole table, which is fast there, since listing the distinct rows would make every step
-    wait for the device. The optimizer sees the whole table's gradient, zeros included, as torch's AdamW over
+    """The gradient of a large embedding table (the vocabulary's), kept in its bank from step to step: a step's
+    batches touch a few hundred of its rows, and on a CPU a dense gradient built afresh each step (autograd's)
+    cost more than the step's matmuls (zeroing [P, 30522, H] on newly mapped memory, then reading it whole for
+    the clipping norm). `lookup` reads rows; backward adds into the rows it read; `clear` zeroes the rows the
+    last step touched. On a CPU (`sparse`) the clipping norm and scale read only those rows; on a GPU they
+    read the whole table, which is fast there, since listing the distinct rows would make every step wait for
+    the device. The optimizer sees the whole table's gradient, zeros included, as torch's AdamW over
     nn.Embedding does."""
 
-    def __init__(self, table: torch.Tensor, sparse: bool | None = None):
-        self.table, self.sparse = table, (table.device.type == "cpu") if sparse is None else sparse
+    def __init__(self, table: torch.Tensor, grad: torch.Tensor | None, sparse: bool | None = None):
+        self.table = table  # [P, V, H], contiguous
+        self.sparse = (table.device.type == "cpu") if sparse is None else sparse
         P, V, H = table.shape
-        table.grad = torch.zeros_like(table)
-        self.rows = table.grad.view(P * V, H)
         self.offsets = torch.arange(P, device=table.device).unsqueeze(1) * V
         self.touched: list[torch.Tensor] = []  # flat rows [P * V] read since the last clear, repeats included
+        self.bind(grad)
+
+    def bind(self, grad: torch.Tensor | None) -> None:
+        """The table's gradient, [P, V, H] (zeros), from now on."""
+        self.grad = grad
+        self.rows = None if grad is None else grad.view(-1, grad.shape[-1])
+        self.touched = []
 
     def lookup(self, ids: torch.Tensor) -> torch.Tensor:
         flat = (ids + self.offsets).reshape(-1)
@@ -251,7 +556,7 @@ class RowGradient:
         """[P]: each trial's squared gradient norm over its table."""
         P, V, _ = self.table.shape
         if not self.sparse:
-            return torch.linalg.vector_norm(self.table.grad.flatten(1), dim=1, dtype=torch.float32).pow(2)
+            return torch.linalg.vector_norm(self.grad.flatten(1), dim=1, dtype=torch.float32).pow(2)
         rows = self._distinct()
         norms = torch.zeros(P, dtype=torch.float32, device=self.table.device)
         return norms.index_add_(0, torch.div(rows, V, rounding_mode="floor"), self.rows[rows].float().pow(2).sum(1))
@@ -260,7 +565,7 @@ class RowGradient:
         """Trial p's gradient times coef[p]."""
         P, V, _ = self.table.shape
         if not self.sparse:
-            self.table.grad.mul_(coef.view(P, 1, 1).to(self.rows.dtype))
+            self.grad.mul_(coef.view(P, 1, 1).to(self.rows.dtype))
             return
         rows = self._distinct()
         factor = coef[torch.div(rows, V, rounding_mode="floor")].unsqueeze(1).to(self.rows.dtype)
@@ -271,7 +576,7 @@ class _RowLookup(torch.autograd.Function):
     @staticmethod
     def forward(ctx, table, flat, owner):
         ctx.flat, ctx.owner = flat, owner
-        return table.detach().view(-1, table.shape[-1]).index_select(0, flat)
+        return table.view(-1, table.shape[-1]).index_select(0, flat)
 
     @staticmethod
     def backward(ctx, grad):
@@ -282,37 +587,45 @@ class _RowLookup(torch.autograd.Function):
 class PackEncoder:
     """BERT's sequence classifier, every parameter stacked over the pack's trials."""
 
-    def __init__(self, weights: dict[str, torch.Tensor], config, words: RowGradient):
+    def __init__(self, pack: "Pack", config):
         from transformers.activations import ACT2FN
 
-        self.w, self.words = weights, words
+        self.pack = pack
         self.heads = int(config.num_attention_heads)
         self.eps = float(config.layer_norm_eps)
         self.num_layers = int(config.num_hidden_layers)
         self.act = ACT2FN[config.hidden_act]
 
+    def linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        pack = self.pack
+        weight, bias = pack.weights[f"{name}_w"], pack.weights[f"{name}_b"]
+        dtype = torch.bfloat16 if pack.compute.precision == "bf16" else weight.dtype  # as autocast would cast
+        if not torch.is_grad_enabled():
+            return torch.baddbmm(bias.to(dtype).unsqueeze(1), x.to(dtype), weight.to(dtype).mT)
+        return _Linear.apply(x, weight, bias, pack.grad_views[f"{name}_w"], pack.grad_views[f"{name}_b"], dtype)
+
     def __call__(self, batch: PackBatch, dropout: Dropout | None) -> torch.Tensor:
         """Logits [P, B, labels]; dropout None: evaluation."""
-        w, (P, B) = self.w, batch.lengths.shape
+        w, (P, B) = self.pack.weights, batch.lengths.shape
         H, T = w["emb_ln_w"].shape[-1], batch.keys.shape[-1]
         drop = dropout.hidden if dropout is not None else (lambda x, _: x)
-        words = self.words.lookup(batch.ids) if torch.is_grad_enabled() else embed(w["word"], batch.ids)
+        words = self.pack.words.lookup(batch.ids) if torch.is_grad_enabled() else embed(w["word"], batch.ids)
         x = words + embed(w["token_type"], batch.types) + embed(w["position"], batch.positions)
         x = drop(layer_norm(x, w["emb_ln_w"], w["emb_ln_b"], self.eps), batch)
         for i in range(1, self.num_layers + 1):
-            qkv = linear(x, w[f"{i}.qkv_w"], w[f"{i}.qkv_b"]).reshape(-1, 3 * H)[batch.gather]
+            qkv = self.linear(x, f"{i}.qkv").reshape(-1, 3 * H)[batch.gather]
             q, k, v = qkv.view(P * B, T, 3, self.heads, H // self.heads).permute(2, 0, 3, 1, 4)
             context = self.attention(q, k, v, batch, dropout).transpose(1, 2).reshape(P * B * T, H)
             context = context[batch.scatter].view(P, -1, H)
-            x = layer_norm(x + drop(linear(context, w[f"{i}.attn_out_w"], w[f"{i}.attn_out_b"]), batch),
+            x = layer_norm(x + drop(self.linear(context, f"{i}.attn_out"), batch),
                            w[f"{i}.attn_ln_w"], w[f"{i}.attn_ln_b"], self.eps)
-            h = self.act(linear(x, w[f"{i}.ffn_in_w"], w[f"{i}.ffn_in_b"]))
-            x = layer_norm(x + drop(linear(h, w[f"{i}.ffn_out_w"], w[f"{i}.ffn_out_b"]), batch),
+            h = self.act(self.linear(x, f"{i}.ffn_in"))
+            x = layer_norm(x + drop(self.linear(h, f"{i}.ffn_out"), batch),
                            w[f"{i}.ffn_ln_w"], w[f"{i}.ffn_ln_b"], self.eps)
-        pooled = torch.tanh(linear(x.reshape(-1, H)[batch.first].view(P, B, H), w["pool_w"], w["pool_b"]))
+        pooled = torch.tanh(self.linear(x.reshape(-1, H)[batch.first].view(P, B, H), "pool"))
         if dropout is not None:
             pooled = dropout.classifier(pooled)
-        return linear(pooled, w["head_w"], w["head_b"])
+        return self.linear(pooled, "head")
 
     @staticmethod
     def attention(q, k, v, batch: PackBatch, dropout: Dropout | None) -> torch.Tensor:
@@ -320,157 +633,114 @@ class PackEncoder:
             return F.scaled_dot_product_attention(q, k, v, attn_mask=batch.keys)
         # Attention dropout drawn per trial: SDPA's own dropout would draw from the global stream.
         scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
-        probs = scores.masked_fill(~batch.keys, float("-inf")).softmax(-1)
+        probs = scores.masked_fill(batch.blocked, float("-inf")).softmax(-1)
         return dropout.attention(probs, batch) @ v
 
 
+# --- the optimizer and clipping ----------------------------------------------------------------------------
+
+
 class PackOptimizer:
-    """AdamW over the stacked tensors, each trial at its own learning rates and weight decay: torch's fused
-    AdamW kernel runs on each trial's slices, one call per (trial, lr, weight decay), with the update skipped
-    (found_inf) for trials no longer active, so no step waits for the device."""
+    """AdamW over the banks, as torch's over each trial's parameters: torch's own fused AdamW kernel, called
+    once for each distinct (learning rate, weight decay) among the pack's trials and tensors, over the runs of
+    the banks that have it (a run: consecutive tensors of one trial's row with the same setting; a whole bank
+    when every trial has one setting over it, as in the paper's grid). So a step is as many calls as there are
+    settings, whatever the pack's size, one pass over the weights, gradients and moments, and the arithmetic
+    of the trials' own optimizers. Every trial steps together (a diverged trial goes on stepping its
+    non-finite weights, as it would alone; no report reads them), so one step count serves all."""
 
-    def __init__(self, weights: dict[str, torch.Tensor], setups: list[TrialSetup]):
-        self.weights, self.setups = weights, setups
-        self.exp_avg = {n: torch.zeros_like(t) for n, t in weights.items()}
-        self.exp_avg_sq = {n: torch.zeros_like(t) for n, t in weights.items()}
-        device = next(iter(weights.values())).device
-        self.steps = torch.zeros(len(setups), dtype=torch.float32, device=device)
+    def __init__(self, pack: "Pack"):
+        layout, setups = pack.layout, pack.setups
+        first = setups[0]
+        if any((s.betas, s.eps) != (first.betas, first.eps) for s in setups):
+            raise ValueError("trials of one pack must share AdamW's betas and eps")
+        self.pack, self.betas, self.eps, self.schedule = pack, first.betas, first.eps, first.schedule
+        self.groups: dict[tuple[float, float], list[tuple]] = {}
+        for bank in (0, 1):
+            rows = [runs(layout, bank, setup.hyper) for setup in setups]
+            if all(len(r) == 1 for r in rows) and len({r[0][0] for r in rows}) == 1:
+                self.groups.setdefault(rows[0][0][0], []).append((bank, None, 0, layout.widths[bank]))
+                continue
+            for p, row in enumerate(rows):
+                for setting, begin, end in row:
+                    self.groups.setdefault(setting, []).append((bank, p, begin, end))
+        self.steps = torch.zeros((), dtype=torch.float32, device=pack.banks[0].device)
         self.step_count = 0
-        self.groups = []  # (trial, lr, weight decay, [names])
-        for p, setup in enumerate(setups):
-            by_setting: dict[tuple[float, float], list[str]] = {}
-            for name in weights:
-                by_setting.setdefault(setup.hyper[name], []).append(name)
-            self.groups += [(p, lr, wd, names) for (lr, wd), names in by_setting.items()]
+        self._views: dict[str, tuple] = {}
 
-    def step(self, active: torch.Tensor) -> None:
-        self.steps += active.float()
-        skip = (~active).float()
+    def views(self, what: str, banks: list[torch.Tensor]) -> dict[tuple, list[torch.Tensor]]:
+        """Each group's runs in `banks` (the weights, gradients or a moment), made once per set of banks."""
+        cached = self._views.get(what)
+        if cached is None or cached[0] is not banks:
+            piece = lambda bank, p, begin, end: banks[bank].view(-1) if p is None else banks[bank][p, begin:end]  # noqa: E731
+            cached = self._views[what] = (banks, {g: [piece(*r) for r in rs] for g, rs in self.groups.items()})
+        return cached[1]
+
+    def resume_at(self, step_count: int) -> None:
+        self.step_count = step_count
+        self.steps.fill_(step_count)
+
+    def step(self) -> None:
+        pack = self.pack
+        if pack.exp_avg is None:
+            pack.exp_avg = [torch.zeros_like(b) for b in pack.banks]
+            pack.exp_avg_sq = [torch.zeros_like(b) for b in pack.banks]
+        weights, grads = self.views("weights", pack.banks), self.views("grads", pack.grads)
+        exp_avg, exp_avg_sq = self.views("exp_avg", pack.exp_avg), self.views("exp_avg_sq", pack.exp_avg_sq)
+        factor = self.schedule(self.step_count)
         with torch.no_grad():
-            for p, lr, wd, names in self.groups:
-                setup = self.setups[p]
-                views = lambda d: [d[n][p] for n in names]  # noqa: E731
-                torch._fused_adamw_(
-                    [self.weights[n].detach()[p] for n in names], [self.weights[n].grad[p] for n in names],
-                    views(self.exp_avg), views(self.exp_avg_sq), [], [self.steps[p]] * len(names),
-                    amsgrad=False, lr=lr * setup.schedule(self.step_count), beta1=setup.betas[0],
-                    beta2=setup.betas[1], weight_decay=wd, eps=setup.eps, maximize=False, found_inf=skip[p])
+            self.steps += 1
+            for (lr, decay), params in weights.items():
+                torch._fused_adamw_(params, grads[lr, decay], exp_avg[lr, decay], exp_avg_sq[lr, decay], [],
+                                    [self.steps] * len(params), lr=lr * factor, beta1=self.betas[0],
+                                    beta2=self.betas[1], weight_decay=decay, eps=self.eps, amsgrad=False,
+                                    maximize=False)
         self.step_count += 1
 
     def lr_last(self, p: int) -> float:
-        """Trial p's base group learning rate now, as LambdaLR.get_last_lr()[0] says after the last step."""
-        first = next(lr for q, lr, _, _ in self.groups if q == p)
-        return first * self.setups[p].schedule(self.step_count)
+        """Trial p's first group's learning rate now, as LambdaLR.get_last_lr()[0] says after the last step."""
+        return self.pack.setups[p].base_lr * self.schedule(self.step_count)
 
 
-def clip_per_trial(weights: dict[str, torch.Tensor], words: RowGradient, max_norms: torch.Tensor) -> torch.Tensor:
+def runs(layout: Layout, bank: int, hyper: dict[str, tuple[float, float]]) -> list[tuple[tuple[float, float], int, int]]:
+    """(setting, begin, end) of one trial's row of `bank`: its tensors in order, consecutive ones of the same
+    (learning rate, weight decay) merged."""
+    found: list = []
+    for name in layout.names(bank):
+        begin = layout.places[name][1]
+        end = begin + math.prod(layout.shapes[name])
+        if found and found[-1][0] == hyper[name] and found[-1][2] == begin:
+            found[-1] = (hyper[name], found[-1][1], end)
+        else:
+            found.append((hyper[name], begin, end))
+    return found
+
+
+def clip_per_trial(pack: "Pack", max_norms: torch.Tensor) -> torch.Tensor:
     """Each trial's gradient scaled to at most its max norm (0: not clipped), as clip_grad_norm_ over its own
     parameters (the word table's through `words`); returns which trials were clipped."""
-    grads = [t.grad for t in weights.values() if t is not words.table]
-    per_tensor = [torch.linalg.vector_norm(g.flatten(1), dim=1, dtype=torch.float32) for g in grads]
-    norms = (torch.stack(per_tensor).pow(2).sum(0) + words.squared_norms()).sqrt()
-    coef = torch.where(max_norms > 0, (max_norms / (norms + 1e-6)).clamp(max=1.0), torch.ones_like(norms))
-    for g in grads:
-        g.mul_(coef.view(-1, *[1] * (g.dim() - 1)).to(g.dtype))
-    words.scale(coef)
+    grads = pack.grads[1]
+    norms = (torch.linalg.vector_norm(grads, dim=1, dtype=torch.float32).pow(2) + pack.words.squared_norms()).sqrt()
+    coef = torch.where(max_norms > 0, (max_norms / (norms + 1e-6)).clamp(max=1.0), 1.0)
+    grads.mul_(coef.unsqueeze(1).to(grads.dtype))
+    pack.words.scale(coef)
     return (max_norms > 0) & (norms > max_norms)
 
 
-def set_up_pack(cfgs: list[FinetuneConfig], data: TokenizedTask, pretrained: Pretrained,
-                device) -> tuple[list[TrialSetup], dict[str, torch.Tensor]]:
-    """Every trial set up as `finetune` would, its weights copied into the pack's stacked tensors on `device` as
-    soon as it is built: one trial's model at a time in host memory, not P of them (31 BERT-base trials would
-    hold 27 GB). The setups come back without their weights."""
-    setups, stacked = [], {}
-    for p, cfg in enumerate(cfgs):
-        setup = set_up_trial(cfg, data, pretrained)
-        for name, weight in setup.weights.items():
-            if name not in stacked:
-                stacked[name] = torch.empty((len(cfgs), *weight.shape), dtype=weight.dtype, device=device)
-            stacked[name][p].copy_(weight)
-        setups.append(dataclasses.replace(setup, weights={}))
-    return setups, {name: t.requires_grad_(True) for name, t in stacked.items()}
+# --- a pack ------------------------------------------------------------------------------------------------
 
 
-def pack_weight_distance(start: dict[str, torch.Tensor], weights: dict[str, torch.Tensor], num_layers: int):
-    """Per trial, per layer, the Frobenius distance of its nn.Linear weights from `start` (weight_distance)."""
-    per_layer = [sum((weights[f"{i}.{n}"].detach().float() - start[f"{i}.{n}"].float()).pow(2).flatten(1).sum(1)
-                     for n in LINEAR_WEIGHTS).sqrt() for i in range(1, num_layers + 1)]
-    return torch.stack(per_layer, dim=1).cpu().tolist()
+def trials_that_fit(free_bytes: int, parameters: int) -> int:
+    """How many trials of `parameters` each fit in MEMORY_SHARE of `free_bytes` (at least one)."""
+    return max(1, int(MEMORY_SHARE * free_bytes // (PEAK_BYTES_PER_PARAMETER * parameters)))
 
 
-class Pack:
-    """P trials' state: stacked weights, optimizer, batch orders, dropout streams; one step trains them all."""
-
-    def __init__(self, cfgs: list[FinetuneConfig], data: TokenizedTask, pretrained: Pretrained):
-        check_pack(cfgs, pretrained)
-        cfg = cfgs[0]
-        self.cfgs, self.data = cfgs, data
-        device = pick_device(cfg.gpu_fraction)
-        self.setups, self.weights = set_up_pack(cfgs, data, pretrained, device)
-        config = pretrained.config
-        self.compute = Compute(device, cfg.precision, int(config.pad_token_id or 0),
-                               (self.setups[0].n_params, int(config.num_hidden_layers), int(config.hidden_size)))
-        self.start = {n: self.weights[n].detach().clone() for n in self.weights if n.split(".")[-1] in LINEAR_WEIGHTS}
-        self.words = RowGradient(self.weights["word"])
-        self.encoder = PackEncoder(self.weights, config, self.words)
-        self.optimizer = PackOptimizer(self.weights, self.setups)
-        self.rngs = [np.random.default_rng(np.random.SeedSequence([c.seed, 1])) for c in cfgs]
-        classifier_p = config.classifier_dropout if getattr(config, "classifier_dropout", None) is not None \
-            else config.hidden_dropout_prob
-        self.dropout = Dropout([c.seed for c in cfgs], float(config.hidden_dropout_prob),
-                               float(config.attention_probs_dropout_prob), float(classifier_p), device)
-        self.max_norms = torch.tensor([c.max_grad_norm for c in cfgs], dtype=torch.float32, device=device)
-        self.active = torch.ones(len(cfgs), dtype=torch.bool, device=device)
-        self.clipped = torch.zeros(len(cfgs), dtype=torch.long, device=device)
-
-    def step(self, rows: list[np.ndarray]) -> torch.Tensor:
-        """One optimizer step of every trial on its own batch; returns the per-trial losses [P]."""
-        for t in self.weights.values():
-            if t is not self.words.table:
-                t.grad = None
-        self.words.clear()
-        batch = pack_batch(self.data.train, rows, self.compute.pad_id, self.compute.device)
-        labels = torch.from_numpy(np.stack([self.data.train.labels[r] for r in rows])).to(self.compute.device)
-        with self.compute.autocast():
-            logits = self.encoder(batch, self.dropout).float()
-        if self.data.num_labels == 1:
-            losses = F.mse_loss(logits.squeeze(-1), labels.float(), reduction="none").mean(1)
-        else:
-            losses = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view(labels.shape).mean(1)
-        self.active &= torch.isfinite(losses)
-        torch.where(self.active, losses, torch.zeros_like(losses)).sum().backward()
-        self.clipped += clip_per_trial(self.weights, self.words, self.max_norms) & self.active
-        self.optimizer.step(self.active)
-        return losses.detach()
-
-    def train_epoch(self) -> tuple[torch.Tensor, float]:
-        """One pass of every trial over its subset in its own seeded order: (losses [steps, P], FLOPs)."""
-        orders = [train_batches(s.rows, self.cfgs[0].batch_size, rng) for s, rng in zip(self.setups, self.rngs)]
-        losses, flops = [], 0.0
-        for rows in zip(*orders):
-            losses.append(self.step(list(rows)))
-            flops += sum(self.compute.flops(self.data.train.lengths[r], train=True) for r in rows)
-        return torch.stack(losses), flops
-
-    @torch.inference_mode()
-    def evaluate(self, split: TokenizedSplit) -> list[dict]:
-        """Every trial's metrics on the whole split (the same length-sorted batches for all)."""
-        P, preds = len(self.cfgs), []
-        batches = eval_batches(split, self.cfgs[0].eval_batch_size)
-        with self.compute.autocast():
-            for rows in batches:
-                batch = pack_batch(split, [rows] * P, self.compute.pad_id, self.compute.device)
-                logits = self.encoder(batch, None).float()
-                preds.append((logits.squeeze(-1) if logits.shape[-1] == 1 else logits.argmax(-1)).cpu().numpy())
-        order, predictions = np.concatenate(batches), np.concatenate(preds, axis=1)
-        ordered = np.empty_like(predictions)
-        ordered[:, order] = predictions
-        return [{**compute_metrics(self.data.definition, ordered[p], split.labels),
-                 **chance_figures(self.data.definition, ordered[p], split.labels)} for p in range(P)]
-
-    def weight_distance(self) -> list[list[float]]:
-        return pack_weight_distance(self.start, self.weights, self.encoder.num_layers)
+def device_budget(device: torch.device, gpu_fraction: float) -> int | None:
+    """Bytes a pack may take on `device`: a GPU's free memory, within the share of it Ray gave (None: a CPU)."""
+    if device.type != "cuda":
+        return None
+    free, total = torch.cuda.mem_get_info(device)
+    return int(min(free, gpu_fraction * total)) if gpu_fraction < 1 else int(free)
 
 
 def check_pack(cfgs: list[FinetuneConfig], pretrained: Pretrained) -> None:
@@ -486,78 +756,508 @@ def check_pack(cfgs: list[FinetuneConfig], pretrained: Pretrained) -> None:
                              f"{', '.join(differing)}")
 
 
+def oom_injected(size: int, step: int) -> bool:
+    """Whether the test-only OOM_ABOVE setting makes a pack of `size` run out of memory at optimizer step `step`."""
+    setting = os.environ.get(OOM_ABOVE)
+    if not setting:
+        return False
+    above, _, at = setting.partition(":")
+    return size > int(above) and step == int(at or 0)
+
+
+class Pack:
+    """P trials' state: the banks, gradients and moments, batch orders, dropout streams; one step trains all.
+    Built by setting the trials up (`Pack(cfgs, data, pretrained)`), or from `parts` that an earlier pack
+    handed over (a split, a checkpoint)."""
+
+    def __init__(self, cfgs: list[FinetuneConfig], data: TokenizedTask, pretrained: Pretrained,
+                 parts: "PackParts | None" = None, device=None):
+        check_pack(cfgs, pretrained)
+        cfg, config = cfgs[0], pretrained.config
+        self.cfgs, self.data = cfgs, data
+        device = torch.device(device) if device is not None else pick_device(cfg.gpu_fraction)
+        if parts is None:
+            parts = PackParts.set_up(cfgs, data, pretrained, device)
+        self.layout, self.setups = parts.layout, parts.setups
+        self.banks = [b.to(device) for b in parts.banks]
+        # Adam's moments and the gradients are made by the first step that needs them (a pack split at its
+        # last evaluation never does)
+        self.exp_avg = [m.to(device) for m in parts.exp_avg] if parts.exp_avg else None
+        self.exp_avg_sq = [v.to(device) for v in parts.exp_avg_sq] if parts.exp_avg_sq else None
+        self.start = parts.start  # the linear weights after surgery (host memory on GPUs), for weight_distance
+        self.compute = Compute(device, cfg.precision, int(config.pad_token_id or 0),
+                               (self.setups[0].n_params, int(config.num_hidden_layers), int(config.hidden_size)))
+        self.weights = {n: self.layout.view(self.banks, n) for n in self.layout.shapes}
+        self.grads: list[torch.Tensor] | None = None
+        self.grad_views: dict[str, torch.Tensor] = {}
+        P, (V, H) = len(cfgs), self.layout.shapes["word"]
+        # requires_grad: autograd then calls the lookup's backward, which adds into the gradient bank itself
+        self.words = RowGradient(self.banks[0].view(P, V, H).requires_grad_(True), None)
+        self.encoder = PackEncoder(self, config)
+        self.optimizer = PackOptimizer(self)
+        self.optimizer.resume_at(parts.step_count)
+        self.rngs = [np.random.default_rng(np.random.SeedSequence([c.seed, 1])) for c in cfgs]
+        for rng, saved in zip(self.rngs, parts.rng_states or []):
+            rng.bit_generator.state = saved
+        classifier_p = config.classifier_dropout if getattr(config, "classifier_dropout", None) is not None \
+            else config.hidden_dropout_prob
+        self.dropout = Dropout([c.seed for c in cfgs], float(config.hidden_dropout_prob),
+                               float(config.attention_probs_dropout_prob), float(classifier_p),
+                               int(config.num_hidden_layers), device)
+        self.max_norms = torch.tensor([c.max_grad_norm for c in cfgs], dtype=torch.float32, device=device)
+        self.active = torch.tensor(parts.active, device=device) if parts.active is not None else \
+            torch.ones(len(cfgs), dtype=torch.bool, device=device)
+        self.clipped = torch.tensor(parts.clipped, device=device) if parts.clipped is not None else \
+            torch.zeros(len(cfgs), dtype=torch.long, device=device)
+        self.bucketed = device.type == "cuda"
+        self.epoch_flops = np.array([self.compute.flops(data.train.lengths[s.rows], train=True) for s in self.setups])
+        self._eval: dict[int, tuple] = {}
+
+    def __len__(self) -> int:
+        return len(self.cfgs)
+
+    def bind_gradients(self) -> None:
+        """Gradient banks (zeros), and the views of them each tensor's gradient goes to: autograd's .grad for
+        the ACCUMULATED tensors, the encoder's own writes for the linear layers, RowGradient's for the table."""
+        self.grads = [torch.zeros_like(b) for b in self.banks]
+        self.grad_views = {n: self.layout.view(self.grads, n) for n in self.layout.shapes}
+        for name in self.layout.shapes:
+            if kind(name) in ACCUMULATED:
+                leaf = self.layout.view(self.banks, name).requires_grad_(True)
+                leaf.grad = self.grad_views[name]
+                self.weights[name] = leaf
+        self.words.bind(self.grads[0].view_as(self.words.table))
+
+    def free_gradients(self) -> None:
+        """Give the gradient banks back (before an evaluation); the next step makes them anew."""
+        self.grads, self.grad_views = None, {}
+        self.words.bind(None)
+        for name in self.layout.shapes:
+            if kind(name) in ACCUMULATED:
+                self.weights[name].grad = None
+
+    def free_training_state(self) -> None:
+        """Gradients and Adam's moments given back: after the last step, the evaluation has the memory."""
+        self.free_gradients()
+        self.exp_avg = self.exp_avg_sq = None
+
+    def orders(self) -> list[list[np.ndarray]]:
+        """Each trial's batches of the next epoch, in its own seeded order (draws from its batch-order stream)."""
+        return [train_batches(s.rows, self.cfgs[0].batch_size, rng) for s, rng in zip(self.setups, self.rngs)]
+
+    def plan(self, orders: list[list[np.ndarray]], first_step: int = 0) -> tuple[list[PackBatch], list[torch.Tensor]]:
+        """The epoch's batches from `first_step` on, and their labels [P, B], on the device in one move."""
+        steps = list(zip(*orders))[first_step:]
+        arrays = [batch_arrays(self.data.train, list(rows), self.compute.pad_id, self.bucketed) for rows in steps]
+        labels = [np.stack([self.data.train.labels[r] for r in rows]) for rows in steps]
+        return to_device(arrays, labels, self.compute.device)
+
+    def step(self, batch: PackBatch, labels: torch.Tensor, update: bool = True) -> torch.Tensor:
+        """One optimizer step of every trial on its own batch; returns the per-trial losses [P]. With
+        `update` False everything but the update runs (a memory probe): the weights, moments and counts stay."""
+        if oom_injected(len(self), self.optimizer.step_count):
+            raise torch.OutOfMemoryError(f"{OOM_ABOVE}: a pack of {len(self)} does not fit (injected)")
+        if self.grads is None:
+            self.bind_gradients()
+        self.grads[1][:, :self.layout.accumulated].zero_()
+        self.words.clear()
+        self.dropout.begin(self.optimizer.step_count)
+        with self.compute.autocast():
+            logits = self.encoder(batch, self.dropout).float()
+        if self.data.num_labels == 1:
+            losses = F.mse_loss(logits.squeeze(-1), labels.float(), reduction="none").mean(1)
+        else:
+            losses = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view(labels.shape).mean(1)
+        finite = torch.isfinite(losses)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=LAYOUT_WARNING)
+            torch.where(finite, losses, 0.0).sum().backward()
+        clipped = clip_per_trial(self, self.max_norms)
+        if update:
+            self.optimizer.step()
+            self.active &= finite
+            self.clipped += clipped & self.active
+        return losses.detach()
+
+    def train_epoch(self) -> tuple[torch.Tensor, float]:
+        """One pass of every trial over its subset in its own seeded order: (losses [steps, P], mean FLOPs)."""
+        batches, labels = self.plan(self.orders())
+        losses = torch.stack([self.step(b, y) for b, y in zip(batches, labels)])
+        return losses, float(self.epoch_flops.mean())
+
+    def _eval_plan(self, split: TokenizedSplit) -> tuple[list[np.ndarray], list[PackBatch]]:
+        """The split's length-sorted batches, the same for every trial, moved once and kept."""
+        if id(split) not in self._eval:
+            batches = eval_batches(split, self.cfgs[0].eval_batch_size)
+            arrays = [batch_arrays(split, [rows] * len(self), self.compute.pad_id, self.bucketed) for rows in batches]
+            self._eval[id(split)] = (batches, to_device(arrays, [np.zeros(0)] * len(arrays), self.compute.device)[0])
+        return self._eval[id(split)]
+
+    @torch.inference_mode()
+    def evaluate(self, split: TokenizedSplit) -> list[dict]:
+        """Every trial's metrics on the whole split (the same length-sorted batches for all)."""
+        batches, moved = self._eval_plan(split)
+        preds = []
+        with self.compute.autocast():
+            for batch in moved:
+                logits = self.encoder(batch, None).float()
+                preds.append(logits.squeeze(-1) if logits.shape[-1] == 1 else logits.argmax(-1))
+        order, predictions = np.concatenate(batches), torch.cat(preds, dim=1).cpu().numpy()
+        ordered = np.empty_like(predictions)
+        ordered[:, order] = predictions
+        return [{**compute_metrics(self.data.definition, ordered[p], split.labels),
+                 **chance_figures(self.data.definition, ordered[p], split.labels)} for p in range(len(self))]
+
+    def weight_distance(self) -> list[list[float]]:
+        """Per trial, per layer, the Frobenius distance of its nn.Linear weights from where finetuning started."""
+        per_layer = []
+        for i in range(1, self.encoder.num_layers + 1):
+            squares = 0
+            for n in LINEAR_WEIGHTS:
+                start = self.start[f"{i}.{n}"].to(self.compute.device, non_blocking=True).float()
+                squares = squares + (self.weights[f"{i}.{n}"].detach().float() - start).pow(2).flatten(1).sum(1)
+            per_layer.append(squares.sqrt())
+        return torch.stack(per_layer, dim=1).cpu().tolist()
+
+    def peak_memory(self, split: TokenizedSplit | None = None) -> int:
+        """Bytes this pack holds at its peak: a training step on the longest batch of the next epoch (nothing
+        updated) and, with `split`, an evaluation batch of it (GPUs: the allocator's count; CPUs: a
+        MemoryAccountant's). The batch-order streams are left as they were."""
+        states = [rng.bit_generator.state for rng in self.rngs]
+        orders = self.orders()
+        for rng, state in zip(self.rngs, states):
+            rng.bit_generator.state = state
+        longest = max(range(len(orders[0])), key=lambda t: sum(self.data.train.lengths[o[t]].sum() for o in orders))
+        batches, labels = self.plan([[o[longest]] for o in orders])
+
+        def run():
+            self.step(batches[0], labels[0], update=False)
+            if split is not None:
+                _, moved = self._eval_plan(split)
+                with torch.inference_mode(), self.compute.autocast():
+                    self.encoder(max(moved, key=lambda b: b.keys.numel()), None)
+
+        if self.exp_avg is None:  # the first step would make them: they count
+            self.exp_avg, self.exp_avg_sq = [torch.zeros_like(b) for b in self.banks], [torch.zeros_like(b) for b in self.banks]
+        tracked = [*self.banks, *(self.grads or []), *self.exp_avg, *self.exp_avg_sq,
+                   *[t for t in self.start.values() if t.device == self.banks[0].device]]
+        return peak_bytes(run, self.compute.device, tracked)
+
+    def parts(self, device="cpu") -> "PackParts":
+        """The pack's state copied to `device` (the host: nothing is allocated on a GPU, which may be out of
+        memory), to build packs of its members later; `device` None: the live tensors, no copy (a checkpoint
+        writes them out)."""
+        move = (lambda tensors: list(tensors) if tensors else None) if device is None else \
+            (lambda tensors: [t.to(device, copy=True) for t in tensors] if tensors else None)  # noqa: E731
+        return PackParts(layout=self.layout, setups=list(self.setups), banks=move(self.banks),
+                         exp_avg=move(self.exp_avg), exp_avg_sq=move(self.exp_avg_sq), start=self.start,
+                         step_count=self.optimizer.step_count,
+                         rng_states=[rng.bit_generator.state for rng in self.rngs],
+                         active=self.active.tolist(), clipped=self.clipped.tolist())
+
+
+@dataclasses.dataclass
+class PackParts:
+    """Everything a Pack is made of but its computation: what a split hands each half, what a checkpoint
+    holds (less `setups` and `start`, which setting the trials up again draws the same)."""
+
+    layout: Layout
+    setups: list[TrialSetup]
+    banks: list[torch.Tensor]
+    start: dict[str, torch.Tensor]
+    exp_avg: list[torch.Tensor] | None = None
+    exp_avg_sq: list[torch.Tensor] | None = None
+    step_count: int = 0
+    rng_states: list[dict] | None = None
+    active: list[bool] | None = None
+    clipped: list[int] | None = None
+
+    def select(self, members: list[int]) -> "PackParts":
+        """The parts of some members only (in this order)."""
+        pick = lambda tensors: [t[members] for t in tensors] if tensors else None  # noqa: E731
+        return dataclasses.replace(
+            self, setups=[self.setups[i] for i in members], banks=pick(self.banks), exp_avg=pick(self.exp_avg),
+            exp_avg_sq=pick(self.exp_avg_sq), start={n: t[members] for n, t in self.start.items()},
+            rng_states=[self.rng_states[i] for i in members], active=[self.active[i] for i in members],
+            clipped=[self.clipped[i] for i in members])
+
+    @classmethod
+    def set_up(cls, cfgs, data, pretrained, device, workers: int | None = None) -> "PackParts":
+        layout, setups, banks = set_up_pack(cfgs, data, pretrained, device, workers)
+        start_device = "cpu" if banks[0].device.type == "cuda" else banks[0].device
+        start = {n: layout.view(banks, n).detach().to(start_device, copy=True) for n in layout.shapes
+                 if kind(n) in LINEAR_WEIGHTS}
+        return cls(layout, setups, banks, start)
+
+
+# --- training a pack to the end ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Ledger:
+    """One member's figures so far: what each epoch adds to, a checkpoint keeps and a split hands on."""
+
+    flops: float = 0.0
+    train_seconds: float = 0.0
+    eval_seconds: float = 0.0
+    wall_seconds: float = 0.0  # before the current stretch of work
+    by_epoch: list[float] = dataclasses.field(default_factory=list)
+    dev_epochs: list[int] = dataclasses.field(default_factory=list)
+    running: bool = True
+    result: dict = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class Position:
+    """Where a pack is in its training: the epoch under way (1-based), the steps of it done, its batch orders
+    (drawn when it began) and the losses of those steps [steps, P]."""
+
+    epoch: int = 1
+    step: int = 0
+    orders: list[list[np.ndarray]] | None = None
+    losses: list[torch.Tensor] = dataclasses.field(default_factory=list)
+
+
+class PackRun:
+    """A pack of some of `finetune_pack`'s trials (`members`: their indices there) on its way to the end: not
+    set up yet, being set up (`pending`), set up in host memory (`parts`) or on its device (`pack`)."""
+
+    def __init__(self, members: list[int], pack: Pack | None = None, parts: PackParts | None = None,
+                 position: Position | None = None, ledgers: list[Ledger] | None = None, resumed_from: int = 0):
+        self.members, self.pack, self.parts = members, pack, parts
+        self.position = position or Position()
+        self.ledgers = ledgers or [Ledger() for _ in members]
+        self.resumed_from = resumed_from
+        self.pending: concurrent.futures.Future | None = None
+
+    def prepare(self, cfgs, data, pretrained, executor: concurrent.futures.Executor) -> None:
+        """Set the members up in the background, in host memory, unless that is done or under way."""
+        if self.pack is None and self.parts is None and self.pending is None:
+            self.pending = executor.submit(PackParts.set_up, [cfgs[i] for i in self.members], data, pretrained, "cpu")
+
+    def materialize(self, cfgs, data, pretrained) -> Pack:
+        if self.pack is None:
+            if self.pending is not None:
+                self.parts, self.pending = self.pending.result(), None
+            self.pack = Pack([cfgs[i] for i in self.members], data, pretrained, parts=self.parts)
+            self.parts = None
+        return self.pack
+
+    def split(self) -> list["PackRun"]:
+        """Two runs of half the members each, going on from this one's position (the step under way is done
+        again), their state in host memory until each is materialized; this run's memory is given back."""
+        host = self.pack.parts() if self.pack is not None else self.parts  # an OOM may strike as it moves over
+        half = len(self.members) // 2
+        self.pack = None
+        halves = []
+        for members in (list(range(half)), list(range(half, len(self.members)))):
+            parts = host.select(members)
+            position = dataclasses.replace(
+                self.position, orders=None if self.position.orders is None else [self.position.orders[i] for i in members],
+                losses=[loss[members] for loss in self.position.losses])
+            halves.append(PackRun([self.members[i] for i in members], None, parts, position,
+                                  [self.ledgers[i] for i in members], self.resumed_from))
+        return halves
+
+    def state(self, elapsed: float) -> dict:
+        """This run's checkpoint entry (trainables.state), `elapsed` seconds into the current process's work:
+        live tensors (no copy), to be written out before training goes on. A run that has not started holds
+        nothing but its members: it is set up afresh."""
+        ledgers = [{**dataclasses.asdict(ledger), "wall_seconds": ledger.wall_seconds + elapsed}
+                   for ledger in self.ledgers]
+        if self.pack is None and self.parts is None:
+            return {"members": list(self.members), "fresh": True, "ledgers": ledgers}
+        parts = self.parts if self.pack is None else self.pack.parts(device=None)
+        position = self.position
+        return {
+            "members": list(self.members), "banks": parts.banks, "exp_avg": parts.exp_avg,
+            "exp_avg_sq": parts.exp_avg_sq, "step_count": parts.step_count, "rng_states": parts.rng_states,
+            "active": parts.active, "clipped": parts.clipped, "epoch": position.epoch, "step": position.step,
+            "orders": None if position.orders is None else [list(o) for o in position.orders],
+            "losses": list(position.losses), "ledgers": ledgers,
+        }
+
+    @classmethod
+    def from_state(cls, saved: dict, set_up: Callable[[list[int]], PackParts]) -> "PackRun":
+        """A run from its checkpoint entry; `set_up(members)` sets them up again (their start weights and
+        optimizer settings, drawn the same as the first time)."""
+        ledgers = [Ledger(**ledger) for ledger in saved["ledgers"]]
+        if saved.get("fresh"):
+            return cls(list(saved["members"]), ledgers=ledgers)
+        fresh = set_up(list(saved["members"]))
+        parts = dataclasses.replace(
+            fresh, banks=saved["banks"], exp_avg=saved["exp_avg"], exp_avg_sq=saved["exp_avg_sq"],
+            step_count=int(saved["step_count"]), rng_states=saved["rng_states"], active=saved["active"],
+            clipped=saved["clipped"])
+        orders = saved["orders"]
+        position = Position(int(saved["epoch"]), int(saved["step"]),
+                            None if orders is None else [[np.asarray(b) for b in o] for o in orders],
+                            list(saved["losses"]))
+        return cls(list(saved["members"]), None, parts, position, ledgers, resumed_from=position.epoch - 1)
+
+
 def finetune_pack(cfgs: list[FinetuneConfig], data: TokenizedTask, pretrained: Pretrained,
-                  report: Callable[[dict[int, dict]], None] | None = None, pack_id: str | None = None) -> list[dict]:
+                  report: Callable[[dict[int, dict]], None] | None = None, pack_id: str | None = None,
+                  save: Callable[[dict], None] | None = None, resume: dict | None = None,
+                  device_size: int | None = None) -> list[dict]:
     """Finetune and evaluate P trials as one computation; returns one dict per trial with the keys `finetune`
     returns, plus pack_size and pack_id (default: a random one). After each epoch `report({i: result})` gets the
     figures of every trial i that trained in it (a diverged trial's last report says so; it is in no later one).
     Seconds are each trial's share of the pack's: train_seconds and eval_seconds are the pack's divided by its
-    size, so rows add up to the machine time."""
+    size, so rows add up to the machine time.
+
+    `save`, if given, receives at every epoch end but the last, just before `report`, the pack's state, from
+    which `resume=` goes on to the same numbers. `device_size`: the trials that train at once (default all); the
+    rest wait their turn, each group set up in the background while the one before trains. An out-of-memory
+    error splits the group training in two halves that go on one after the other from the step it stopped at.
+    Whatever the grouping, each trial's numbers are the ones it would have had alone."""
     started = time.perf_counter()
     torch.set_num_threads(max(1, max(c.threads for c in cfgs)))
-    pack = Pack(cfgs, data, pretrained)
-    cfg, P, pack_id = cfgs[0], len(cfgs), pack_id or uuid.uuid4().hex[:12]
-    peak_flops(str(pack.compute.device))  # measured (CPU) outside every timed stretch
-    eval_flops = pack.compute.flops(data.validation.lengths, train=False)
-    flops, by_epoch, dev_epochs = np.zeros(P), [[] for _ in range(P)], [[] for _ in range(P)]
-    train_seconds = eval_seconds = 0.0
-    results: list[dict] = [{} for _ in range(P)]
-    running = np.ones(P, dtype=bool)
-    for epoch in range(1, cfg.epochs + 1):
-        tick = time.perf_counter()
-        step_losses, epoch_flops = pack.train_epoch()
-        losses = step_losses.mean(0).cpu().numpy()
-        pack.compute.synchronize()
-        train_seconds += (time.perf_counter() - tick) / P
-        flops[running] += epoch_flops / P
-        metrics = [{} for _ in range(P)]
-        diverging = running & ~np.isfinite(losses)
-        tick = time.perf_counter()
-        if evaluated_at(epoch, cfg) and (running & ~diverging).any():
-            metrics = pack.evaluate(data.validation)
-            flops[running & ~diverging] += eval_flops
-        eval_seconds += (time.perf_counter() - tick) / P
-        clipped = pack.clipped.cpu().tolist()
-        distances = pack.weight_distance() if epoch == cfg.epochs or diverging.any() else None
-        for p in np.flatnonzero(running):
-            own = metrics[p] if not diverging[p] else {}
-            if own:  # as finetune: only evaluated epochs are listed, no nan placeholders
-                by_epoch[p].append(float(own[data.metric]))
-                dev_epochs[p].append(epoch)
-            results[p] = {
-                "status": "diverged" if diverging[p] else "ok",
-                "epoch": epoch,
-                "epochs": cfg.epochs,
-                "epochs_run": epoch,
-                "train_loss": float(losses[p]),
-                "lr_last": pack.optimizer.lr_last(p),
-                "metric_name": data.metric,
-                "model_type": pretrained.model_type,
-                **data.columns(),
-                **({"dev_metric": by_epoch[p][-1]} if own else {}),
-                "dev_metrics_by_epoch": list(by_epoch[p]),
-                "dev_epochs": list(dev_epochs[p]),
-                **{f"dev_{name}": float(value) for name, value in own.items()},
-                "max_grad_norm": cfgs[p].max_grad_norm,
-                "clipped_steps": int(clipped[p]),
-                "eval_every": cfg.eval_every,
-                "precision": cfg.precision,
-                "recipe_version": RECIPE_VERSION,
-                "train_seconds": train_seconds,
-                "eval_seconds": eval_seconds,
-                "wall_seconds": time.perf_counter() - started,
-                **cost_fields(flops[p], train_seconds + eval_seconds, pack.compute.device),
-                "resumed_from_epoch": 0,
-                "pack_size": P,
-                "pack_id": pack_id,
-            }
-            if cfgs[p].layer_lr_multipliers is not None:
-                results[p]["layer_lrs"] = [cfgs[p].lr * m for m in cfgs[p].layer_lr_multipliers]
-            if distances is not None and (epoch == cfg.epochs or diverging[p]):
-                results[p]["weight_distance"] = distances[p]
-        if report is not None:
-            report({int(p): results[p] for p in np.flatnonzero(running)})
-        running &= ~diverging
-        if not running.any():
-            break
+    check_pack(cfgs, pretrained)
+    pack_id = pack_id or uuid.uuid4().hex[:12]
+    results: list[dict] = [{} for _ in cfgs]
+    device = pick_device(cfgs[0].gpu_fraction)
+    if resume is not None:
+        set_up = lambda members: PackParts.set_up([cfgs[i] for i in members], data, pretrained, device)  # noqa: E731
+        runs = [PackRun.from_state(saved, set_up) for saved in resume["runs"]]
+        finished = {int(i): result for i, result in resume.get("finished", {}).items()}
+        for i, result in finished.items():
+            results[i] = result
+        if finished and report is not None:  # their rows come from the last report: it must hold them again
+            report(finished)
+    else:
+        budget = device_budget(device, cfgs[0].gpu_fraction)
+        fitting = len(cfgs) if budget is None else trials_that_fit(budget, parameter_count(pretrained))
+        size = device_size or min(len(cfgs), fitting)
+        runs = [PackRun(list(range(first, min(first + size, len(cfgs))))) for first in range(0, len(cfgs), size)]
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pack-setup") as background:
+        while runs:
+            run = runs[0]
+            try:
+                run.materialize(cfgs, data, pretrained)
+                if len(runs) > 1:  # the next group is set up while this one trains
+                    runs[1].prepare(cfgs, data, pretrained, background)
+                Trainer(cfgs, data, pretrained, pack_id, started, report, save).train(run, parked=runs[1:],
+                                                                                      done=results)
+                out_of_memory = False
+            except torch.OutOfMemoryError:
+                if len(run.members) == 1:
+                    raise
+                out_of_memory = True
+            if out_of_memory:  # out of the handler: the failed step's tensors, held by its traceback, are gone
+                runs[:1] = run.split()
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+                continue
+            for i, ledger in zip(run.members, run.ledgers):
+                results[i] = ledger.result
+            runs.pop(0)
     return results
+
+
+class Trainer:
+    """Trains one PackRun to its end: epochs of lock-step steps, evaluations, reports and checkpoints."""
+
+    def __init__(self, cfgs, data, pretrained, pack_id, started, report, save):
+        self.cfgs, self.data, self.pretrained, self.pack_id = cfgs, data, pretrained, pack_id
+        self.started, self.report, self.save = started, report, save
+
+    def train(self, run: PackRun, parked: list[PackRun], done: list[dict]) -> None:
+        """Train `run` to its end; `parked`: the runs still to come, `done`: every member's final result so far
+        (empty for those not finished): a checkpoint holds them all."""
+        cfg, data = self.cfgs[0], self.data
+        pack = run.materialize(self.cfgs, data, self.pretrained)
+        if pack.compute.device.type == "cuda" and run.position.epoch == 1 and run.position.step == 0:
+            # the real peak, before any work is at stake: a step and an evaluation batch at their largest shapes
+            # (an out-of-memory error here splits the pack like one mid-epoch)
+            peak = pack.peak_memory(data.validation)
+            print(f"fused pack of {len(pack)}: peak {peak / 2**30:.1f} GiB, "
+                  f"{peak / len(pack) / parameter_count(self.pretrained):.1f} bytes a parameter a trial", flush=True)
+        peak_flops(str(pack.compute.device))  # measured (CPU) outside every timed stretch
+        eval_flops = pack.compute.flops(data.validation.lengths, train=False)
+        P, position = len(pack), run.position
+        while position.epoch <= cfg.epochs:
+            tick = time.perf_counter()
+            if position.orders is None:
+                position.orders = pack.orders()
+            batches, labels = pack.plan(position.orders, position.step)
+            for batch, y in zip(batches, labels):
+                position.losses.append(pack.step(batch, y))
+                position.step += 1
+            losses = torch.stack(position.losses).mean(0).cpu().numpy()
+            pack.compute.synchronize()
+            train_share = (time.perf_counter() - tick) / P
+            running = np.array([ledger.running for ledger in run.ledgers])
+            diverging = running & ~np.isfinite(losses)
+            epoch, last = position.epoch, position.epoch == cfg.epochs
+            tick = time.perf_counter()
+            metrics = [{} for _ in range(P)]
+            if last:
+                pack.free_training_state()
+            elif evaluated_at(epoch, cfg):
+                pack.free_gradients()
+            if evaluated_at(epoch, cfg) and (running & ~diverging).any():
+                metrics = pack.evaluate(data.validation)
+            eval_share = (time.perf_counter() - tick) / P
+            clipped = pack.clipped.cpu().tolist()
+            distances = pack.weight_distance() if last or diverging.any() else None
+            reports = {}
+            for p in np.flatnonzero(running):
+                ledger = run.ledgers[p]
+                ledger.flops += pack.epoch_flops[p] + (eval_flops if metrics[p] and not diverging[p] else 0.0)
+                ledger.train_seconds += train_share
+                ledger.eval_seconds += eval_share
+                own = metrics[p] if not diverging[p] else {}
+                if own:  # as finetune: only evaluated epochs are listed, no nan placeholders
+                    ledger.by_epoch.append(float(own[data.metric]))
+                    ledger.dev_epochs.append(epoch)
+                ledger.result = self.result(run, p, pack, epoch, float(losses[p]), own, clipped[p],
+                                            diverging[p], distances)
+                reports[run.members[p]] = ledger.result
+                ledger.running = not diverging[p]
+            position.epoch, position.step, position.orders, position.losses = epoch + 1, 0, None, []
+            if self.save is not None and not last and any(ledger.running for ledger in run.ledgers):
+                elapsed = time.perf_counter() - self.started
+                self.save({"pack_id": self.pack_id, "runs": [r.state(elapsed) for r in [run, *parked]],
+                           "finished": {i: result for i, result in enumerate(done) if result}})
+            if self.report is not None and reports:
+                self.report(reports)
+            if not any(ledger.running for ledger in run.ledgers):
+                break
+        run.pack = None  # its memory goes back before the next run starts
+
+    def result(self, run: PackRun, p: int, pack: Pack, epoch: int, loss: float, own: dict, clipped: int,
+               diverging: bool, distances) -> dict:
+        cfg, ledger, member = self.cfgs[0], run.ledgers[p], self.cfgs[run.members[p]]
+        result = {
+            "status": "diverged" if diverging else "ok",
+            "epoch": epoch,
+            "epochs": cfg.epochs,
+            "epochs_run": epoch,
+            "train_loss": loss,
+            "lr_last": pack.optimizer.lr_last(p),
+            "metric_name": self.data.metric,
+            "model_type": self.pretrained.model_type,
+            **self.data.columns(),
+            **({"dev_metric": ledger.by_epoch[-1]} if own else {}),
+            "dev_metrics_by_epoch": list(ledger.by_epoch),
+            "dev_epochs": list(ledger.dev_epochs),
+            **{f"dev_{name}": float(value) for name, value in own.items()},
+            "max_grad_norm": member.max_grad_norm,
+            "clipped_steps": int(clipped),
+            "eval_every": cfg.eval_every,
+            "precision": cfg.precision,
+            "recipe_version": RECIPE_VERSION,
+            "train_seconds": ledger.train_seconds,
+            "eval_seconds": ledger.eval_seconds,
+            "wall_seconds": ledger.wall_seconds + time.perf_counter() - self.started,
+            **cost_fields(ledger.flops, ledger.train_seconds + ledger.eval_seconds, pack.compute.device),
+            "resumed_from_epoch": run.resumed_from,
+            "pack_size": len(self.cfgs),
+            "pack_id": self.pack_id,
+        }
+        if member.layer_lr_multipliers is not None:
+            result["layer_lrs"] = [member.lr * m for m in member.layer_lr_multipliers]
+        if distances is not None and (epoch == cfg.epochs or diverging):
+            result["weight_distance"] = distances[p]
+        return result

@@ -10,6 +10,7 @@ import copy
 import dataclasses
 import hashlib
 import os
+import threading
 from pathlib import Path
 
 import torch
@@ -166,24 +167,65 @@ def load_tokenizer(name: str):
 
 
 def build_classifier(pretrained: Pretrained, num_labels: int, seed: int) -> nn.Module:
-    """A sequence classifier with the pretrained encoder and a fresh head drawn from `seed`."""
+    """A sequence classifier with the pretrained encoder and a fresh head drawn from `seed`. Nothing random is
+    drawn for what the checkpoint holds: the model is built on the meta device (Hugging Face's random init of
+    110M BERT-base weights took 5.2 s a trial, only to be overwritten), the pretrained weights are copied in,
+    and the model's own initializer then draws just the parts they lack (the head; a pooler the checkpoint has
+    not) from torch's generator seeded with `seed`, leaving the global stream as it was."""
+    model = classifier_skeleton(pretrained, num_labels)
+    model.to_empty(device="cpu")
+    load_encoder_weights(model.base_model, pretrained)
+    init_fresh_parts(model, seed)
+    return model
+
+
+def classifier_skeleton(pretrained: Pretrained, num_labels: int) -> nn.Module:
+    """The sequence classifier's modules on the meta device: its layout, no memory, nothing drawn."""
     from transformers import AutoModelForSequenceClassification
 
     config = copy.deepcopy(pretrained.config)
     config.num_labels = num_labels
     config.problem_type = "regression" if num_labels == 1 else "single_label_classification"
-    torch.manual_seed(seed)
-    model = AutoModelForSequenceClassification.from_config(config)
-    load_encoder_weights(model.base_model, pretrained)
-    return model
+    with torch.device("meta"):
+        return AutoModelForSequenceClassification.from_config(config)
+
+
+_GLOBAL_GENERATOR = threading.Lock()
+
+
+def init_fresh_parts(model: nn.Module, seed: int) -> None:
+    """Hugging Face's initializer over the model, skipping every parameter marked loaded (`mark_loaded`): the
+    rest is drawn from torch's generator seeded with `seed`, in the model's own order; buffers are rebuilt.
+    One at a time: the draw seeds torch's one global generator (a fused pack sets its trials up in threads).
+    The marks come off afterwards: while any model's initializer runs, transformers swaps torch.nn.init's
+    functions, in every thread, for ones that skip marked tensors, which would quietly skip the surgery
+    another thread is drawing into a marked model."""
+    with _GLOBAL_GENERATOR, torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model.initialize_weights()
+    for param in model.parameters():
+        param.__dict__.pop("_is_hf_initialized", None)
+
+
+def encoder_state(base: nn.Module, pretrained: Pretrained) -> dict:
+    """The pretrained weights that fit this encoder (a base model without a pooler takes none of it)."""
+    if getattr(base, "pooler", None) is None:  # RoBERTa's head has no pooler; its saved base model has
+        return {k: v for k, v in pretrained.state_dict.items() if not k.startswith("pooler.")}
+    return pretrained.state_dict
+
+
+def mark_loaded(base: nn.Module, state: dict) -> None:
+    """Mark the encoder's parameters that `state` provides, so that `init_fresh_parts` leaves them alone."""
+    for name, param in base.named_parameters():
+        if name in state:
+            param._is_hf_initialized = True
 
 
 def load_encoder_weights(base: nn.Module, pretrained: Pretrained) -> None:
-    """The pretrained weights into a freshly built encoder of the same architecture."""
-    state = pretrained.state_dict
-    if getattr(base, "pooler", None) is None:  # RoBERTa's head has no pooler; its saved base model has
-        state = {k: v for k, v in state.items() if not k.startswith("pooler.")}
+    """The pretrained weights into a freshly built encoder of the same architecture (marked loaded)."""
+    state = encoder_state(base, pretrained)
     missing, unexpected = base.load_state_dict(state, strict=False)
+    mark_loaded(base, state)
     # Buffers such as position_ids may be absent from older checkpoints, and a pooler; real weights may not.
     missing = [k for k in missing if not k.endswith("position_ids") and not k.startswith("pooler.")]
     if missing or unexpected:

@@ -15,13 +15,12 @@ import shutil
 import tempfile
 import time
 
-import torch
-
+from trainables import state as state_files
 from trainables.ablations import ablation_from_dict
 from trainables.finetune import FinetuneConfig, finetune
 from trainables.rows import make_row, where_it_runs, with_ended
 
-STATE_FILE = "training_state.pt"
+STATE_FILE = state_files.STATE_FILE  # in a checkpoint's folder: it holds a training state (trainables.state)
 # Test-only fault injection: a trial on its first attempt dies (as a preempted machine would) right after
 # reporting this epoch, so tests can watch Tune bring it back from its checkpoint.
 FAIL_AFTER_EPOCH = "REINIT_SWEEP_FAIL_AFTER_EPOCH"
@@ -48,7 +47,7 @@ class EpochCheckpoints:
         if self.every is None or time.monotonic() - self.last < self.every:
             return
         self.pending = tempfile.mkdtemp(prefix="reinit-sweep-checkpoint-")
-        torch.save(state, os.path.join(self.pending, STATE_FILE))
+        state_files.save_state(self.pending, state)
 
     def report(self, result: dict) -> None:
         from ray import tune
@@ -70,9 +69,8 @@ def load_state(checkpoint) -> dict | None:
     surviving checkpoint of the same trial is the one to go on from, not a fresh start."""
     for candidate in [checkpoint, *reversed(sibling_checkpoints(checkpoint))]:
         with candidate.as_directory() as folder:
-            path = os.path.join(folder, STATE_FILE)
-            if os.path.exists(path):
-                return torch.load(path, map_location="cpu", weights_only=True)
+            if state_files.has_state(folder):
+                return state_files.load_state(folder)
     return None
 
 
@@ -164,7 +162,7 @@ def finetune_trainable(config: dict, data: dict, pretrained: dict, checkpoint_ev
 
     trial = config["trial"]
     if "pack" in trial:
-        run_pack(trial, data, pretrained)
+        run_pack(trial, data, pretrained, checkpoint_every, resume_from)
         return
     if landed and replay_key(trial) in landed:
         for result in landed[replay_key(trial)]:
@@ -186,11 +184,12 @@ def finetune_trainable(config: dict, data: dict, pretrained: dict, checkpoint_ev
              save=checkpoints.save if checkpoint_every is not None else None, resume=resume)
 
 
-def run_pack(pack: dict, data: dict, pretrained: dict) -> None:
+def run_pack(pack: dict, data: dict, pretrained: dict, checkpoint_every: float | None = None,
+             resume_from: str | None = None) -> None:
     """A pack of trials (sweep.packs) as one computation. Each epoch's report holds, under `pack_results` (by
     trial_id), every member's latest figures (a diverged member's stay as they were when it stopped), and
-    the rows of the members that ended with it. Packs keep no checkpoint: a restarted pack trains its members
-    from the start."""
+    the rows of the members that ended with it. Checkpoints as a single trial's (`pack_checkpoints`): a
+    restarted pack goes on from its last one."""
     from ray import tune
 
     from trainables.fused import finetune_pack
@@ -215,7 +214,31 @@ def run_pack(pack: dict, data: dict, pretrained: dict) -> None:
                    "pack_results": {m["trial_id"]: r for m, r in zip(members, latest) if r}}
         if len(members) == 1:  # reported as the trial alone would be, so TensorBoard shows its curves the same
             summary = {**{k: v for k, v in latest[0].items() if k != "trial_id"}, **summary}
-        tune.report(with_ended(summary, rows))
+        to_tune(with_ended(summary, rows))
 
+    save, resume, to_tune = pack_checkpoints(pack["trial_id"], members, checkpoint_every, resume_from)
     finetune_pack(cfgs, data[pack["data_key"]], pretrained[pack["model_key"]], report=report,
-                  pack_id=pack["trial_id"])
+                  pack_id=pack["trial_id"], save=save, resume=resume)
+
+
+def pack_checkpoints(pack_id: str, members: list[dict], checkpoint_every: float | None, resume_from: str | None):
+    """(save, resume, report to Tune) for `finetune_pack`, as `finetune_trainable` has them for one trial: the
+    pack's state at epoch ends every `checkpoint_every` seconds, and the state to go on from, if Tune restarted
+    the pack, or an earlier run under `resume_from` left a checkpoint of these very members (else None: a fresh
+    start)."""
+    from ray import tune
+
+    ids = [m["trial_id"] for m in members]
+    checkpoint = tune.get_checkpoint()
+    if checkpoint is None and resume_from is not None:
+        checkpoint = earlier_checkpoint(resume_from, pack_id)
+    resume = load_state(checkpoint) if checkpoint is not None else None
+    if resume is not None and resume.get("trial_ids") != ids:
+        resume = None
+    checkpoints = EpochCheckpoints(checkpoint_every, tune.report)
+    report = checkpoints.report
+    fail_after = int(os.environ.get(FAIL_AFTER_EPOCH, "0"))
+    if fail_after and tune.get_checkpoint() is None:
+        report = dying_after(fail_after, report)
+    save = None if checkpoint_every is None else (lambda state: checkpoints.save({**state, "trial_ids": ids}))
+    return save, resume, report

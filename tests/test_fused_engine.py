@@ -1,0 +1,167 @@
+"""The fused engine's machinery (trainables.fused): trials drawn straight into the banks as `finetune` draws
+them, bucketed batches, memory measured, an out-of-memory split and a checkpoint that change no trial's numbers."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from tests.test_fused import LAYERS, MIXED, trial, without_dropout
+from trainables.ablations import HeadReinit, Permute, Reinit, apply_ablation
+from trainables.finetune import make_optimizer
+from trainables.fused import OOM_ABOVE, Pack, PackParts, finetune_pack, hf_parameters, set_up_pack
+from trainables.memory import MemoryAccountant
+from trainables.models import build_classifier
+from trainables.state import load_state, save_state
+
+
+@pytest.fixture(scope="module")
+def quiet(pretrained):
+    return without_dropout(pretrained)
+
+
+def finetune_model(cfg, data, pretrained):
+    model = build_classifier(pretrained, data.num_labels, cfg.seed)
+    return apply_ablation(cfg.ablation, model, cfg.seed)
+
+
+@pytest.mark.parametrize("staged", [False, True], ids=["in-place", "staged"])
+def test_trials_are_drawn_into_the_banks_exactly_as_finetune_draws_them(pretrained, synthetic, staged):
+    cfgs = [MIXED[i] for i in (0, 1, 2, 3, 4)] + [trial(9, Permute.from_seed(2, LAYERS)), trial(10, Reinit())]
+    layout, setups, banks = set_up_pack(cfgs, synthetic, pretrained, "cpu", workers=2, staged=staged)
+    for p, cfg in enumerate(cfgs):
+        model = finetune_model(cfg, synthetic, pretrained)
+        for name, params in hf_parameters(model).items():
+            expected = torch.cat([q.detach() for q in params]) if len(params) > 1 else params[0].detach()
+            assert torch.equal(layout.view(banks, name)[p], expected), (cfg.ablation, name)
+        optimizer, _ = make_optimizer(model, cfg, setups[p].rows)
+        lrs = {(g["initial_lr"], g["weight_decay"]) for g in optimizer.param_groups}
+        assert set(setups[p].hyper.values()) == lrs
+    # a trial's head is its seed's, whatever its surgery; two seeds give two heads
+    heads = layout.view(banks, "head_w")
+    assert not torch.equal(heads[0], heads[1])
+    alone = set_up_pack([cfgs[3]], synthetic, pretrained, "cpu")
+    assert torch.equal(alone[2][1], banks[1][3:4])
+
+
+def test_build_classifier_draws_only_the_head_and_leaves_the_global_stream_alone(pretrained):
+    before = torch.get_rng_state()
+    a, b, c = (build_classifier(pretrained, 2, seed) for seed in (4, 4, 5))
+    assert torch.equal(torch.get_rng_state(), before)
+    for name, tensor in pretrained.state_dict.items():
+        assert torch.equal(a.base_model.state_dict()[name], tensor), name
+    assert torch.equal(a.classifier.weight, b.classifier.weight) and not torch.equal(a.classifier.weight, c.classifier.weight)
+    assert not a.classifier.bias.any() and 0.01 < float(a.classifier.weight.detach().std()) < 0.03
+    assert a.base_model.embeddings.position_ids.tolist()[0][:3] == [0, 1, 2]
+
+
+def test_bucketed_widths_change_no_number(pretrained, synthetic):
+    cfgs = [MIXED[1], MIXED[6]]  # dropout on: its masks must not see the padding either
+    exact, bucketed = Pack(cfgs, synthetic, pretrained), Pack(cfgs, synthetic, pretrained)
+    bucketed.bucketed = True
+    a, b = exact.train_epoch()[0], bucketed.train_epoch()[0]
+    np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
+    assert exact.plan(exact.orders())[0][0].keys.shape[-1] not in (8, 12, 16, 24, 32, 48, 64)  # it did pad
+
+
+def test_a_pack_measures_its_peak_memory_and_the_probe_changes_nothing(quiet, synthetic):
+    peaks = {}
+    for size in (1, 2, 3):
+        pack = Pack([trial(s, Reinit.incremental(2, LAYERS)) for s in range(size)], synthetic, quiet)
+        peaks[size] = pack.peak_memory(synthetic.validation)
+    per_trial = peaks[2] - peaks[1]
+    assert abs((peaks[3] - peaks[2]) - per_trial) < 0.05 * per_trial, peaks
+    params = sum(t.numel() for t in quiet.state_dict.values())
+    # weights, gradients, two moments and the optimizer's temporaries: 16 to 32 bytes a parameter
+    assert 16 <= per_trial / params <= 32, per_trial / params
+
+    probed, plain = Pack(MIXED[:2], synthetic, quiet), Pack(MIXED[:2], synthetic, quiet)
+    probed.peak_memory(synthetic.validation)
+    assert torch.equal(probed.train_epoch()[0], plain.train_epoch()[0])
+
+
+def test_the_memory_accountant_counts_live_storages():
+    weight = torch.zeros(1000, 250)  # 1 MB
+    with MemoryAccountant() as accountant:
+        accountant.track(weight, weight[0])  # a view is the same storage: counted once
+        a = torch.ones(500, 500)  # 1 MB
+        b = a * 2  # 1 MB: peak 3 MB
+        del a, b
+        c = torch.ones(250, 250)  # 0.25 MB
+    assert accountant.peak == 3_000_000 and accountant.now == 1_250_000 and c.numel()
+
+
+def run(cfgs, data, pretrained, **options):
+    reports = []
+    results = finetune_pack(cfgs, data, pretrained, report=reports.append, **options)
+    return results, reports
+
+
+def same_numbers(got: list[dict], expected: list[dict]) -> None:
+    for g, e in zip(got, expected):
+        assert g["status"] == e["status"] == "ok"
+        assert g["dev_metrics_by_epoch"] == pytest.approx(e["dev_metrics_by_epoch"], abs=1e-9)
+        assert g["train_loss"] == pytest.approx(e["train_loss"], rel=1e-5)
+        assert g["clipped_steps"] == e["clipped_steps"] and g["lr_last"] == pytest.approx(e["lr_last"])
+        np.testing.assert_allclose(g["weight_distance"], e["weight_distance"], rtol=1e-4)
+
+
+def test_an_out_of_memory_pack_splits_and_every_member_ends_as_it_would_have(pretrained, synthetic, monkeypatch):
+    cfgs = [dataclasses.replace(c, eval_every=1) for c in (MIXED[0], MIXED[1], MIXED[5], MIXED[6])]
+    whole, _ = run(cfgs, synthetic, pretrained)
+    monkeypatch.setenv(OOM_ABOVE, "2:4")  # 3 steps an epoch: the pack of 4 fails at epoch 2's second step
+    split, reports = run(cfgs, synthetic, pretrained)
+    same_numbers(split, whole)
+    assert [r["pack_size"] for r in split] == [4] * 4 and len({r["pack_id"] for r in split}) == 1
+    # epoch 1 as a pack of 4, then the first half's epoch 2, then the second half's
+    assert [sorted(r) for r in reports] == [[0, 1, 2, 3], [0, 1], [2, 3]]
+    assert [r[min(r)]["epoch"] for r in reports] == [1, 2, 2]
+    monkeypatch.delenv(OOM_ABOVE)
+    # Three at a time: trials 0-2 train while trial 3 is set up in the background, then trial 3.
+    grouped, reports = run(cfgs, synthetic, pretrained, device_size=3)
+    same_numbers(grouped, whole)
+    assert [sorted(r) for r in reports] == [[0, 1, 2]] * 2 + [[3]] * 2
+
+
+def test_a_pack_resumed_from_its_checkpoint_ends_with_the_same_numbers(pretrained, synthetic, tmp_path, monkeypatch):
+    cfgs = [dataclasses.replace(c, epochs=3, eval_every=1) for c in (MIXED[2], MIXED[3], MIXED[4])]
+    saved = []
+
+    def save(state):  # written at once, as EpochCheckpoints does: training goes on changing the live tensors
+        saved.append(tmp_path / f"state{len(saved)}")
+        save_state(saved[-1], state)
+
+    clean, _ = run(cfgs, synthetic, pretrained, save=save, pack_id="p")
+    assert len(saved) == 2  # after epochs 1 and 2, none after the last
+    resumed, reports = run(cfgs, synthetic, pretrained, resume=load_state(saved[0]), pack_id="p")
+    same_numbers(resumed, clean)
+    assert [r[0]["epoch"] for r in reports] == [2, 3] and {r["resumed_from_epoch"] for r in resumed} == {1}
+    assert resumed[0]["wall_seconds"] > reports[0][0]["train_seconds"]
+
+    # A pack split by an out-of-memory error (at epoch 2's second step) checkpoints all its members: the
+    # half that waits mid-epoch, and later the half that has already finished.
+    monkeypatch.setenv(OOM_ABOVE, "2:4")
+    saved.clear()
+    run(cfgs, synthetic, pretrained, save=save, pack_id="p")
+    monkeypatch.delenv(OOM_ABOVE)
+    states = [load_state(path) for path in saved]
+    assert [[(r["members"], r["epoch"], r["step"]) for r in s["runs"]] for s in states] == \
+        [[([0, 1, 2], 2, 0)], [([0], 3, 0), ([1, 2], 2, 1)], [([1, 2], 3, 0)]]
+    assert list(states[2]["finished"]) == [0]
+    for state in states[1:]:
+        resumed, reports = run(cfgs, synthetic, pretrained, resume=state, pack_id="p")
+        same_numbers(resumed, clean)
+        assert set().union(*reports) == {0, 1, 2}
+
+
+def test_parts_of_a_pack_make_the_same_pack(quiet, synthetic):
+    pack = Pack(MIXED[:3], synthetic, quiet)
+    pack.train_epoch()
+    rebuilt = Pack([MIXED[2], MIXED[0]], synthetic, quiet, parts=pack.parts().select([2, 0]))
+    clone = Pack([MIXED[2], MIXED[0]], synthetic, quiet, parts=pack.parts().select([2, 0]))
+    assert torch.equal(rebuilt.banks[1], pack.banks[1][[2, 0]])
+    a, b = rebuilt.train_epoch()[0], pack.train_epoch()[0]
+    np.testing.assert_allclose(a.numpy(), b[:, [2, 0]].numpy(), rtol=1e-5)
+    assert isinstance(clone.parts(), PackParts)

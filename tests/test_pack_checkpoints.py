@@ -1,0 +1,39 @@
+"""A fused pack in a real sweep whose worker dies mid-run goes on from its checkpoint to the same numbers (its
+own module: the fault injection must be in the environment before this module's Ray starts its workers)."""
+from __future__ import annotations
+
+import dataclasses
+
+from analysis.results import read_results
+from sweep.cli import main, parse_command_line
+from sweep.experiments import EXPERIMENTS
+from trainables.data import tokenize_task
+from trainables.fused import finetune_pack
+from trainables.models import load_pretrained, load_tokenizer
+from trainables.tasks import load_task
+from trainables.tune_trainable import FAIL_AFTER_EPOCH, finetune_config
+
+
+def test_a_pack_killed_mid_run_resumes_from_its_checkpoint_to_the_same_numbers(tiny_bert, tmp_path, monkeypatch):
+    monkeypatch.setenv(FAIL_AFTER_EPOCH, "2")  # the pack's worker dies right after reporting epoch 2
+    argv = ["incremental", "--model", tiny_bert, "--tasks", "synthetic", "--sizes", "24", "--k", "0", "4",
+            "--trials", "1", "--epochs", "3", "--eval-every", "1", "--pack", "2", "--checkpoint-every", "0",
+            "--max-failures", "1", "--storage", str(tmp_path), "--name", "crash"]
+    assert main(argv) == 0
+    table = read_results(tmp_path / "crash").set_index("trial_id").sort_index()
+    assert len(table) == 2 and set(table["status"]) == {"ok"} and set(table["pack_size"]) == {2}
+    assert set(table["resumed_from_epoch"]) == {2}, "the pack must have gone on from its epoch-2 checkpoint"
+
+    # The same pack, uninterrupted and without Ray (dropout on: its streams resumed too), gives the same numbers.
+    specs = EXPERIMENTS["incremental"].build(parse_command_line(argv).grid, 4, 4)  # a dry run's: no fingerprints
+    prints = table.iloc[0][["data_fingerprint", "model_fingerprint"]].to_dict()
+    specs = [dataclasses.replace(s, **prints) for s in specs]
+    # threads=2: the pack had both CPUs (a pack gets its members'), and thread counts move float sums
+    cfgs = [finetune_config(s.to_config(), gpu_fraction=0.0, threads=2) for s in specs]
+    data = tokenize_task(load_task("synthetic"), load_tokenizer(tiny_bert), tiny_bert, 128)
+    clean = {s.trial_id: r for s, r in zip(specs, finetune_pack(cfgs, data, load_pretrained(tiny_bert)))}
+    assert sorted(clean) == list(table.index)
+    for trial_id, row in table.iterrows():
+        assert list(row["dev_metrics_by_epoch"]) == clean[trial_id]["dev_metrics_by_epoch"]
+        assert row["train_loss"] == clean[trial_id]["train_loss"]
+        assert list(row["weight_distance"]) == clean[trial_id]["weight_distance"]

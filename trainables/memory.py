@@ -1,0 +1,65 @@
+"""What a computation holds in memory at its peak, on any device: the GPU's allocator says it
+(torch.cuda.max_memory_allocated), and on a CPU, which keeps no such count, `MemoryAccountant` keeps it.
+
+The accountant watches every aten op (a TorchDispatchMode) and adds up the bytes of the distinct storages
+alive: each storage an op returns is counted once, from the op that made it until it is freed (checked by a
+weak reference at every op). Storages that exist before it starts are counted only if handed to `track` (a
+pack's weights, its optimizer's moments). It counts what tensors hold, as the GPU allocator's
+max_memory_allocated does, not what a caching allocator reserves around it.
+"""
+from __future__ import annotations
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+
+class MemoryAccountant(TorchDispatchMode):
+    """Live and peak bytes of the storages that ops make (and those given to `track`) while it is active."""
+
+    def __init__(self):
+        super().__init__()
+        self.live: dict[int, tuple[StorageWeakRef, int]] = {}
+        self.now = self.peak = 0
+
+    def track(self, *tensors: torch.Tensor) -> None:
+        for tensor in tensors:
+            self._add(tensor)
+        self.peak = max(self.peak, self.now)
+
+    def _add(self, tensor: torch.Tensor) -> None:
+        storage = tensor.untyped_storage()
+        key = storage.data_ptr()
+        if key == 0 or key in self.live:
+            return
+        self.live[key] = (StorageWeakRef(storage), storage.nbytes())
+        self.now += storage.nbytes()
+
+    def _collect(self) -> None:
+        for key in [k for k, (ref, _) in self.live.items() if ref.expired()]:
+            self.now -= self.live.pop(key)[1]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self._collect()
+        out = func(*args, **(kwargs or {}))
+        for leaf in tree_leaves(out):
+            if isinstance(leaf, torch.Tensor) and leaf.device.type != "meta":
+                self._add(leaf)
+        self.peak = max(self.peak, self.now)
+        return out
+
+
+def peak_bytes(run, device: torch.device, tracked=()) -> int:
+    """Bytes held at the peak of `run()`: on a GPU the allocator's own count (everything allocated on the card),
+    elsewhere a `MemoryAccountant`'s over `tracked` and whatever `run` makes."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        run()
+        torch.cuda.synchronize(device)
+        return int(torch.cuda.max_memory_allocated(device))
+    with MemoryAccountant() as accountant:
+        accountant.track(*tracked)
+        run()
+    return accountant.peak
