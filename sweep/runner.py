@@ -190,7 +190,8 @@ def run_trials(
     checkpoint_every = getattr(options, "checkpoint_every", CHECKPOINT_EVERY)
     keep_checkpoints = getattr(options, "keep_checkpoints", False)
     max_failures = getattr(options, "max_failures", 2)
-    resources = pack_resources(cpus_per_trial, gpus_per_trial, ray.cluster_resources().get("CPU", 1.0))
+    resources = pack_resources(cpus_per_trial, gpus_per_trial, ray.nodes(),
+                               max(map(parameter_count, pretrained.values())))
     trainable = make_trainable(data, pretrained, resources, checkpoint_every,
                                run_only=frozenset(s.trial_id for s in specs))
     if getattr(options, "resume", False):
