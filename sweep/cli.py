@@ -549,8 +549,10 @@ def run(todo: list[TrialSpec], settings: GridSettings, args, folder: Path, pretr
         try:
             ray.init(address=args.address, include_dashboard=False, configure_logging=False,
                      runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
-        except ConnectionError as err:  # `--address auto` with no cluster running
-            raise SystemExit(cannot_start([f"--address: {err}"])) from err
+        except ConnectionError as err:  # no cluster (`--address auto` with none running), or a token refused
+            from sweep.checks import connection_problem
+
+            raise SystemExit(cannot_start([connection_problem(args.address, err)])) from err
     try:
         problems = gpu_problems(args.gpus_per_trial, ray.cluster_resources())
         if problems:
