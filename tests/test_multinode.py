@@ -2,15 +2,14 @@
 placed on several nodes, a worker node lost mid-pack, and the one-line errors for a cluster that refuses this
 machine's token or is not there.
 
-The clusters here are real Ray nodes on this machine (ray.cluster_utils.Cluster, `ray start`), kept apart from
-every other Ray on it: their temp folders are their own (RAY_TMPDIR), so the address file a plain `ray.init()`
-elsewhere would join (/tmp/ray/ray_current_cluster) is never written, and they are stopped by their own ids."""
+The cluster is real Ray nodes on this machine (ray.cluster_utils.Cluster), shared by the tests that need one and
+kept apart from every other Ray here: its temp folder is its own (RAY_TMPDIR), so the address file a plain
+`ray.init()` elsewhere would join (/tmp/ray/ray_current_cluster) is never written, and its nodes are stopped by
+their own processes' ids."""
 from __future__ import annotations
 
 import json
 import os
-import secrets
-import signal
 import socket
 import subprocess
 import sys
@@ -153,45 +152,17 @@ def gpu_cluster():
 
 
 def test_a_cluster_refusing_this_machines_token_is_named_in_one_line(gpu_cluster, tiny_bert, tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}  # RAY_AUTH_MODE unset
-    check = [sys.executable, "-c", f"from sweep.checks import address_problems; print(address_problems('{gpu_cluster.address}'))"]
-    unset = subprocess.run(check, env=env, capture_output=True, text=True, timeout=120)
-    assert f"--address: the Ray cluster at {gpu_cluster.address} refused this machine's auth token (RAY_AUTH_MODE is unset)" \
-        in unset.stdout, unset.stdout + unset.stderr[-2000:]
-    # The sweep itself, with a token of its own: refused at the cluster's first answer, in one line.
-    env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
-    wrong = subprocess.run([sys.executable, "-m", "sweep", "incremental", "--model", tiny_bert, "--dry-run",
-                            "--storage", str(tmp_path), "--address", gpu_cluster.address],
-                           env=env, capture_output=True, text=True, timeout=120)
-    assert wrong.returncode == 2
-    [line] = [l for l in wrong.stderr.splitlines() if l.startswith("  - ")]
+    # The common slip: a token in ~/.ray, but RAY_AUTH_MODE unset, so the driver sends none. Refused at the
+    # cluster's first answer (ray.init would retry for 20 s, then say only "Failed to connect"), in one line.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    refused = subprocess.run([sys.executable, "-m", "sweep", "incremental", "--model", tiny_bert, "--dry-run",
+                              "--storage", str(tmp_path), "--address", gpu_cluster.address],
+                             env=env, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2, refused.stdout + refused.stderr[-2000:]
+    [line] = [line for line in refused.stderr.splitlines() if line.startswith("  - ")]
     assert line == (f"  - --address: the Ray cluster at {gpu_cluster.address} refused this machine's auth token "
-                    "(RAY_AUTH_MODE=token); copy the cluster's token (`ray get-auth-token` on its head) to "
+                    "(RAY_AUTH_MODE is unset); copy the cluster's token (`ray get-auth-token` on its head) to "
                     "~/.ray/auth_token or RAY_AUTH_TOKEN here and export RAY_AUTH_MODE=token")
-
-
-def pack_argv(cluster, storage: Path, name: str, *extra: str) -> list[str]:
-    """Four trials fused two a pack, each pack a whole worker node (1 CPU, 1 GPU)."""
-    return ["incremental", "--model", "{model}", "--tasks", "synthetic", "--trials", "2", "--k", "0", "4",
-            "--pack", "2", "--cpus-per-trial", "1", "--gpus-per-trial", "0.5", "--precision", "fp32",
-            "--storage", str(storage), "--name", name, "--address", cluster.address, *extra]
-
-
-def trial_nodes(cluster) -> set[str]:
-    """The nodes Tune's trial actors ran on, from the GCS's actor table (the dead ones stay listed)."""
-    actors = cluster.global_state.actor_table(None).values()
-    return {a["Address"]["NodeID"] for a in actors if "ImplicitFunc" in a["ActorClassName"]}
-
-
-def test_packs_are_placed_on_several_nodes_and_land(gpu_cluster, tiny_bert, tmp_path):
-    argv = [a.replace("{model}", tiny_bert) for a in pack_argv(gpu_cluster, tmp_path, "packs", "--sizes", "48",
-                                                               "--epochs", "1")]
-    assert main(argv) == 0
-    table = read_results(tmp_path / "packs")
-    assert len(table) == 4 and table["trial_id"].is_unique and set(table["status"]) == {"ok"}
-    assert set(table["pack_size"]) == {2} and table["pack_id"].nunique() == 2
-    workers = {node.node_id for node in gpu_cluster.worker_nodes}
-    assert trial_nodes(gpu_cluster) == workers, "both packs at once: one on each GPU worker, none on the head"
 
 
 def raylet_pid(node) -> int:
@@ -208,35 +179,55 @@ def node_running(cluster, pid: int):
     return next(node for node in cluster.worker_nodes if raylet_pid(node) in parents)
 
 
-def test_a_worker_node_lost_mid_pack_retries_the_pack_elsewhere_and_lands_each_member_once(
-        gpu_cluster, tiny_bert, tmp_path):
-    argv = [a.replace("{model}", tiny_bert) for a in pack_argv(
-        gpu_cluster, tmp_path, "lost", "--sizes", "160", "--epochs", "6", "--checkpoint-every", "0",
-        "--max-failures", "2")]
-    sweep = tmp_path / "lost"
-    killed: dict = {}
+@pytest.fixture(scope="module")
+def lost_node_sweep(gpu_cluster, tiny_bert, tmp_path_factory) -> dict:
+    """One sweep for the two tests below: four trials fused two a pack, each pack a whole worker (1 CPU, 1 GPU).
+    Once both packs have reported their first epoch, the node of one of them is removed (its raylet, object
+    store and workers killed, as a reclaimed spot instance loses them)."""
+    storage = tmp_path_factory.mktemp("lost")
+    sweep = storage / "lost"
+    workers = {node.node_id: node for node in gpu_cluster.worker_nodes}
+    seen: dict = {}
 
     def remove_a_node_mid_pack() -> None:
-        """Once a pack has reported its first epoch, remove the node it runs on (its raylet, object store and
-        workers, as a reclaimed spot instance loses them)."""
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and not killed:
+        deadline = time.monotonic() + 400
+        while time.monotonic() < deadline:
+            firsts = {}
             for results in sweep.glob("tune-*/pack-*/result.json"):
                 lines = results.read_text().splitlines()
                 if lines:
-                    first = json.loads(lines[0])
-                    killed.update(pack=results.parent.name, pid=first["pid"], epoch=first["epoch"])
-                    gpu_cluster.remove_node(node_running(gpu_cluster, first["pid"]), allow_graceful=False)
-                    return
+                    firsts[results.parent.name] = json.loads(lines[0])
+            if len(firsts) == 2:
+                seen["nodes"] = {node_running(gpu_cluster, first["pid"]).node_id for first in firsts.values()}
+                pack, first = sorted(firsts.items())[0]
+                seen.update(pack=pack, pid=first["pid"], epoch=first["epoch"])
+                gpu_cluster.remove_node(node_running(gpu_cluster, first["pid"]), allow_graceful=False)
+                return
             time.sleep(0.05)
 
     killer = threading.Thread(target=remove_a_node_mid_pack, daemon=True)
     killer.start()
+    argv = ["incremental", "--model", tiny_bert, "--tasks", "synthetic", "--trials", "2", "--k", "0", "4",
+            "--sizes", "160", "--epochs", "6", "--pack", "2", "--cpus-per-trial", "1", "--gpus-per-trial", "0.5",
+            "--precision", "fp32", "--checkpoint-every", "0", "--max-failures", "2",
+            "--storage", str(storage), "--name", "lost", "--address", gpu_cluster.address]
     assert main(argv) == 0
     killer.join(5)
-    assert killed and killed["epoch"] < 6, "the node should be lost while its pack was still training"
-    assert len(gpu_cluster.worker_nodes) == 1
+    assert seen, "both packs should have reported an epoch while running"
+    return {**seen, "sweep": sweep, "workers": set(workers), "left": {n.node_id for n in gpu_cluster.worker_nodes}}
 
+
+def test_packs_run_on_several_nodes_at_once_and_land(lost_node_sweep):
+    assert lost_node_sweep["nodes"] == lost_node_sweep["workers"], "one pack on each GPU worker, none on the head"
+    table = read_results(lost_node_sweep["sweep"])
+    assert len(table) == 4 and table["trial_id"].is_unique and set(table["status"]) == {"ok"}
+    assert set(table["pack_size"]) == {2} and table["pack_id"].nunique() == 2
+
+
+def test_a_worker_node_lost_mid_pack_retries_the_pack_elsewhere_and_lands_each_member_once(lost_node_sweep):
+    sweep, killed = lost_node_sweep["sweep"], lost_node_sweep
+    assert killed["epoch"] < 6, "the node should be lost while its pack was still training"
+    assert len(killed["left"]) == 1 and killed["left"] < killed["workers"]
     table = read_results(sweep)
     assert len(table) == 4 and table["trial_id"].is_unique and set(table["status"]) == {"ok"}, table
     lost = table[table["pack_id"] == killed["pack"]]
