@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -132,7 +133,8 @@ def gpu_cluster():
 
     patch = pytest.MonkeyPatch()
     # A short folder of its own (Unix socket paths stay under 108 bytes): the cluster's address file goes here.
-    patch.setenv("RAY_TMPDIR", tempfile.mkdtemp(prefix="rs-", dir="/tmp"))
+    folder = tempfile.mkdtemp(prefix="rs-", dir="/tmp")
+    patch.setenv("RAY_TMPDIR", folder)
     patch.setenv("RAY_AUTH_MODE", "token")
     Config.initialize("")  # what ray.init does on turning token authentication on
     ensure_token_if_auth_enabled()  # ~/.ray/auth_token, made only where it is missing (as ray.init does)
@@ -149,6 +151,7 @@ def gpu_cluster():
         ray.shutdown()
         cluster.shutdown()  # each process: SIGTERM, 1 s, then SIGKILL
         patch.undo()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_a_cluster_refusing_this_machines_token_is_named_in_one_line(gpu_cluster, tiny_bert, tmp_path):
