@@ -168,6 +168,18 @@ def test_a_cluster_refusing_this_machines_token_is_named_in_one_line(gpu_cluster
                     "~/.ray/auth_token or RAY_AUTH_TOKEN here and export RAY_AUTH_MODE=token")
 
 
+def test_a_sweep_asking_more_cpus_than_any_node_has_is_refused_not_left_waiting(gpu_cluster, tiny_bert, tmp_path):
+    argv = ["incremental", "--model", tiny_bert, "--tasks", "synthetic", "--sizes", "48", "--k", "0",
+            "--cpus-per-trial", "1000", "--storage", str(tmp_path), "--address", gpu_cluster.address]
+    with pytest.raises(SystemExit) as refused:
+        main(argv)
+    head, line = str(refused.value).splitlines()
+    assert head == "cannot start the sweep:" and line.startswith(
+        "  - --cpus-per-trial: 1000 asked, but the largest node of this Ray cluster has 1 CPUs (nodes: ")
+    assert line.endswith("); give at most 1, or add larger nodes") and line.count("1 CPU, 1 GPU") == 2
+    assert not list(tmp_path.glob("*/rows/*.parquet")) and not list(tmp_path.glob("*/tune-*"))
+
+
 def raylet_pid(node) -> int:
     import ray
 
