@@ -135,7 +135,6 @@ def connection_problem(address: str | None, err: BaseException) -> str:
         return (f"--address: the Ray cluster {where} refused this machine's auth token ({here}); copy the "
                 "cluster's token (`ray get-auth-token` on its head) to ~/.ray/auth_token or RAY_AUTH_TOKEN here "
                 "and export RAY_AUTH_MODE=token")
-    last = causes[-1].splitlines()[0] if causes else ""
     first = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
     return (f"--address: no Ray cluster answers {where} ({first}); start one with `ray start --head` or "
             "`ray up cluster.yaml`, or leave --address out to run locally")
