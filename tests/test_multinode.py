@@ -144,14 +144,23 @@ def gpu_cluster():
         for _ in range(2):
             cluster.add_node(num_cpus=1, num_gpus=1, **node)
         cluster.wait_for_nodes()
-        assert not Path("/tmp/ray/ray_current_cluster").exists() or \
-            Path("/tmp/ray/ray_current_cluster").read_text().strip() != cluster.address
         yield cluster
     finally:
         ray.shutdown()
         cluster.shutdown()  # each process: SIGTERM, 1 s, then SIGKILL
         patch.undo()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_plain_ray_init_elsewhere_would_not_join_this_cluster(gpu_cluster):
+    # Another process's ray.init() with no address looks for RAY_ADDRESS, then /tmp/ray/ray_current_cluster
+    # (what `ray start` and a default Cluster write); it starts a Ray of its own when neither names a cluster.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    found = subprocess.run([sys.executable, "-c", "from ray._private.services import canonicalize_bootstrap_address; "
+                            "print(canonicalize_bootstrap_address(None))"],
+                           env=env, capture_output=True, text=True, timeout=120, check=True)
+    assert found.stdout.strip() != gpu_cluster.address
+    assert (Path(os.environ["RAY_TMPDIR"]) / "ray" / "ray_current_cluster").read_text() == gpu_cluster.address
 
 
 def test_a_cluster_refusing_this_machines_token_is_named_in_one_line(gpu_cluster, tiny_bert, tmp_path):
