@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import uuid
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -68,9 +69,10 @@ def _uri_storage_problems(storage: str) -> list[str]:
     return []
 
 
-def address_problems(address: str | None, timeout: float = 5.0) -> list[str]:
-    """Whether a Ray cluster answers at `address`. 'auto' and no address are left to ray.init, which fails
-    fast for them; a host:port that does not answer would make ray.init retry for minutes instead."""
+def address_problems(address: str | None, timeout: float = 5.0, gcs_timeout: float = 15.0) -> list[str]:
+    """Whether a Ray cluster answers at `address` and lets this machine in. 'auto' and no address are left to
+    ray.init, which fails fast for them; a host:port that does not answer, or answers without this machine's
+    token, would make ray.init retry for 20 s or more, burying the cause in Ray's warnings."""
     if address in (None, "", "auto", "local"):
         return []
     parts = urlsplit(address if "://" in address else f"ray://{address}")
@@ -82,10 +84,60 @@ def address_problems(address: str | None, timeout: float = 5.0) -> list[str]:
         return [f"--address: '{address}' is not HOST:PORT (e.g. 10.0.0.5:6379), ray://HOST:10001 or 'auto'"]
     try:
         with socket.create_connection((host, port), timeout=timeout):
-            return []
+            pass
     except OSError as err:
         return [f"--address: no Ray cluster answers at {host}:{port} ({err.strerror or err}); start one with "
                 "`ray start --head` or `ray up cluster.yaml`, or leave --address out to run locally"]
+    if "://" in address:  # the Ray Client's server (ray://) speaks its own protocol: ray.init asks it
+        return []
+    return gcs_problems(f"{host}:{port}", gcs_timeout)
+
+
+def gcs_problems(address: str, timeout: float) -> list[str]:
+    """Ask the cluster's GCS at `address` for its id, as ray.init does first: a missing or wrong token is
+    refused at once; a port where something else listens (the dashboard's 8265) never replies. The question
+    runs in a thread (Ray's client lets go of the interpreter while it waits) so that silence costs `timeout`."""
+    outcome: dict = {}
+
+    def ask() -> None:
+        from ray._raylet import GcsClient
+
+        try:
+            GcsClient(address=address)
+            outcome["ok"] = True
+        except Exception as err:  # Ray raises AuthenticationError, RpcError or RuntimeError by cause
+            outcome["error"] = err
+
+    asking = threading.Thread(target=ask, daemon=True)
+    asking.start()
+    asking.join(timeout)
+    if "error" in outcome:
+        return [connection_problem(address, outcome["error"])]
+    if "ok" not in outcome:
+        return [f"--address: something answers at {address}, but no Ray cluster (no reply from a GCS in "
+                f"{timeout:g} s); give the port `ray start --head` printed (6379 by default; 8265 is the "
+                "dashboard's, for `ray job submit`)"]
+    return []
+
+
+def connection_problem(address: str | None, err: BaseException) -> str:
+    """The one line for a failed connection to a Ray cluster (GcsClient's or ray.init's error, whose cause
+    Ray keeps only as text in a chain of exceptions): a token refused, or no cluster there."""
+    causes, seen = [], err
+    while seen is not None and len(causes) < 10:
+        causes.append(f"{type(seen).__name__}: {seen}")
+        seen = seen.__cause__ or seen.__context__
+    text = " ".join(causes)
+    where = f"at {address}" if address not in (None, "", "auto") else "on this machine (--address auto)"
+    if "AuthenticationError" in text or "InvalidAuthToken" in text:
+        mode = os.environ.get("RAY_AUTH_MODE")
+        here = f"RAY_AUTH_MODE={mode}" if mode else "RAY_AUTH_MODE is unset"
+        return (f"--address: the Ray cluster {where} refused this machine's auth token ({here}); copy the "
+                "cluster's token (`ray get-auth-token` on its head) to ~/.ray/auth_token or RAY_AUTH_TOKEN here "
+                "and export RAY_AUTH_MODE=token")
+    first = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+    return (f"--address: no Ray cluster answers {where} ({first}); start one with `ray start --head` or "
+            "`ray up cluster.yaml`, or leave --address out to run locally")
 
 
 def data_dir_problems(data_dir: str | None, tasks) -> list[str]:
@@ -134,11 +186,61 @@ def gpu_problems(gpus_per_trial: float, cluster_resources: dict, bootstrap: str 
 
 def autoscaler_gpus(bootstrap: str = BOOTSTRAP_CONFIG) -> float:
     """The most GPUs one worker type of the launched cluster's autoscaler can bring (0 without one)."""
+    return max((float(t.get("GPU", 0)) for t in autoscaler_node_types(bootstrap)), default=0.0)
+
+
+def autoscaler_node_types(bootstrap: str = BOOTSTRAP_CONFIG) -> list[dict]:
+    """The declared resources of each node type the launched cluster's autoscaler may add (none without one)."""
     import yaml
 
     path = Path(os.path.expanduser(bootstrap))
     if not path.is_file():
-        return 0.0
+        return []
     config = yaml.safe_load(path.read_text()) or {}
-    return max((float((t.get("resources") or {}).get("GPU", 0)) for t in (config.get("available_node_types") or {}).values()
-                if t.get("max_workers", 0) > 0), default=0.0)
+    return [dict(t.get("resources") or {}) for t in (config.get("available_node_types") or {}).values()
+            if t.get("max_workers", 0) > 0]
+
+
+def node_shapes(nodes: list[dict], bootstrap: str = BOOTSTRAP_CONFIG) -> list[dict]:
+    """What one node can give a trial, {CPU, GPU, memory}: each alive node that Ray reports (`ray.nodes()`), and
+    each node type the launched cluster's autoscaler may add (their memory is not declared: None)."""
+    def shape(resources: dict, memory) -> dict:
+        return {"CPU": float(resources.get("CPU", 0)), "GPU": float(resources.get("GPU", 0)), "memory": memory}
+
+    alive = [shape(n.get("Resources") or {}, (n.get("Resources") or {}).get("memory")) for n in nodes if n.get("Alive")]
+    return alive + [shape(t, None) for t in autoscaler_node_types(bootstrap)]
+
+
+def holds(shape: dict, cpus: float, gpus: float, memory: float = 0.0) -> bool:
+    """Whether one node of `shape` can hold a request of `cpus`, `gpus` and `memory` bytes."""
+    return (shape["CPU"] >= cpus and shape["GPU"] >= gpus
+            and (not memory or shape["memory"] is None or shape["memory"] >= memory))
+
+
+def placement_problems(cpus_per_trial: float, gpus_per_trial: float, shapes: list[dict],
+                       memory_per_trial: float = 0.0) -> list[str]:
+    """Whether one trial fits on one node (Ray places a trial's resources on a single node; one that fits
+    nowhere waits forever): the nearest miss, with every node's numbers."""
+    if any(holds(s, cpus_per_trial, gpus_per_trial, memory_per_trial) for s in shapes):
+        return []
+    nodes = "; ".join(describe_shape(s) for s in shapes) or "no node alive"
+    with_gpus = [s for s in shapes if s["GPU"] >= gpus_per_trial]
+    if not with_gpus:
+        most = max((s["GPU"] for s in shapes), default=0.0)
+        return [f"--gpus-per-trial: {gpus_per_trial:g} asked, but no node of this Ray cluster has more than "
+                f"{most:g} GPUs (nodes: {nodes}); give at most {most:g}, or add nodes with more GPUs"]
+    if not any(s["CPU"] >= cpus_per_trial for s in with_gpus):
+        most = max(s["CPU"] for s in with_gpus)
+        which = "the largest node" if not gpus_per_trial else f"the largest node with {gpus_per_trial:g} GPUs"
+        return [f"--cpus-per-trial: {cpus_per_trial:g} asked, but {which} of this Ray cluster has {most:g} CPUs "
+                f"(nodes: {nodes}); give at most {most:g}, or add larger nodes"]
+    most = max(s["memory"] for s in with_gpus if s["CPU"] >= cpus_per_trial)
+    return [f"--model: a trial needs at least {memory_per_trial / 2**30:.1f} GiB of memory (weights, gradients, "
+            f"Adam moments and the reference copy), but a node of this Ray cluster with {cpus_per_trial:g} CPUs "
+            f"gives tasks at most {most / 2**30:.1f} GiB (nodes: {nodes}); use a smaller model, nodes with more "
+            "memory, or --gpus-per-trial"]
+
+
+def describe_shape(shape: dict) -> str:
+    memory = "" if shape["memory"] is None else f", {shape['memory'] / 2**30:.1f} GiB"
+    return f"{shape['CPU']:g} CPU, {shape['GPU']:g} GPU{memory}"

@@ -613,8 +613,10 @@ def run(todo: list[TrialSpec], settings: GridSettings, options: Sweep, folder: P
         try:
             ray.init(address=run_settings.address, include_dashboard=False, configure_logging=False,
                      runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
-        except ConnectionError as err:  # `--address auto` with no cluster running
-            raise Refused([f"--address: {err}"]) from None
+        except ConnectionError as err:  # no cluster (`--address auto` with none running), or a token refused
+            from sweep.checks import connection_problem
+
+            raise Refused([connection_problem(run_settings.address, err)]) from None
     try:
         problems = gpu_problems(run_settings.gpus_per_trial, ray.cluster_resources())
         if problems:

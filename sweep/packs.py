@@ -131,15 +131,31 @@ def members(trial: dict) -> list[dict]:
     return trial.get("pack", [trial])
 
 
-def pack_resources(cpus_per_trial: float, gpus_per_trial: float, max_cpus: float):
-    """Tune's resources for a config: a pack gets its members' CPUs (at most the cluster's) and GPU shares
-    (at most one card, or the whole GPUs one trial asks for)."""
+def pack_resources(cpus_per_trial: float, gpus_per_trial: float, nodes: list[dict], parameters: int = 0,
+                   bootstrap: str | None = None):
+    """Tune's resources for a config, from the nodes Ray reports (`ray.nodes()`) and those the cluster's
+    autoscaler may add. A pack gets its members' CPUs and GPU shares, but one bundle lands on one node: at most
+    the CPUs of the largest node that holds a trial, and one card (or the whole GPUs one trial asks for).
+    A trial that no node can hold (CPUs, GPUs, and on CPUs the memory `parameters` take to train) is refused
+    here, before any trial starts, rather than waiting forever."""
     from ray import tune
+
+    from sweep.checks import BOOTSTRAP_CONFIG, holds, node_shapes, placement_problems
+    from sweep.config import Refused
+    from trainables.fused import PEAK_BYTES_PER_PARAMETER
+
+    # On a GPU the weights live in the card's memory, which --pack auto sizes packs by (resolve_pack).
+    memory = PEAK_BYTES_PER_PARAMETER * parameters if not gpus_per_trial else 0.0
+    shapes = node_shapes(nodes, bootstrap or BOOTSTRAP_CONFIG)
+    problems = placement_problems(cpus_per_trial, gpus_per_trial, shapes, memory)
+    if problems:
+        raise Refused(problems)
+    largest = max((s for s in shapes if holds(s, cpus_per_trial, gpus_per_trial, memory)),
+                  key=lambda s: (s["CPU"], s["GPU"]))
 
     def resources(config: dict):
         n = len(members(config["trial"]))
-        gpus = min(gpus_per_trial * n, max(1.0, gpus_per_trial)) if gpus_per_trial else 0.0
-        return tune.PlacementGroupFactory([{"CPU": min(cpus_per_trial * n, max(max_cpus, cpus_per_trial)),
-                                            "GPU": gpus}])
+        gpus = min(gpus_per_trial * n, max(1.0, gpus_per_trial), largest["GPU"]) if gpus_per_trial else 0.0
+        return tune.PlacementGroupFactory([{"CPU": min(cpus_per_trial * n, largest["CPU"]), "GPU": gpus}])
 
     return resources

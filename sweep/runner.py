@@ -187,7 +187,7 @@ def run_trials(
         options = RunSettings()
     checkpoint_every, keep_checkpoints = options.checkpoint_every, options.keep_checkpoints
     max_failures, resume = options.max_failures, options.resume
-    resources = pack_resources(cpus_per_trial, gpus_per_trial, ray.cluster_resources().get("CPU", 1.0))
+    resources = pack_resources(cpus_per_trial, gpus_per_trial, ray.nodes(), max(map(parameter_count, pretrained.values())))
     trainable = make_trainable(data, pretrained, resources, checkpoint_every, str(tune_dir) if resume else None)
     if resume:
         print(f"--resume: each unfinished trial goes on from the newest checkpoint an earlier run left for it under "

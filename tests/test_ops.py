@@ -8,6 +8,7 @@ import os
 import pickle
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pyarrow.fs
@@ -49,10 +50,12 @@ def test_sigkilled_driver_then_rerun_finishes_with_each_trial_once(tiny_bert, tm
     assert {name: (rows / name).stat().st_mtime_ns for name in before} == before, "finished rows were rewritten"
 
 
-def test_sweep_on_a_two_node_cluster_gets_every_row(tiny_bert, tmp_path):
+def test_sweep_on_a_two_node_cluster_gets_every_row(tiny_bert, tmp_path, monkeypatch):
     ray = pytest.importorskip("ray")
     from ray.cluster_utils import Cluster
 
+    # Its address file in a folder of its own, not /tmp/ray, where a plain ray.init() elsewhere would join it.
+    monkeypatch.setenv("RAY_TMPDIR", tempfile.mkdtemp(prefix="rs-", dir="/tmp"))
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     cluster.add_node(num_cpus=1)
     assert len(cluster.list_all_nodes()) == 2

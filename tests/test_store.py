@@ -62,13 +62,15 @@ def test_rows_on_an_object_store_are_written_read_and_skipped(s3_bucket):
     folder = rows_dir(s3_bucket, "sw")
     write_row(folder, {"trial_id": "a", "status": "ok", "dev_metric": 0.5})
     write_row(folder, {"trial_id": "b", "status": "error", "dev_metric": None})
-    write_row(folder, {"trial_id": "a", "status": "ok", "dev_metric": 0.75})  # the same trial again: one row
+    # The same trial again: refused, the finished row stays as it landed (an object store has no create-if-absent,
+    # so the writer looks first).
+    assert write_row(folder, {"trial_id": "a", "status": "ok", "dev_metric": 0.75}) is None
     fs, path = pyarrow.fs.FileSystem.from_uri(folder)
     names = sorted(f.base_name for f in fs.get_file_info(pyarrow.fs.FileSelector(path)))
     assert names == ["a.parquet", "b.parquet"], "an object store gets each row at its final key, no temp file"
     assert finished_trial_ids(folder) == {"a"}
     table = read_results(sweep_dir(s3_bucket, "sw")).set_index("trial_id")
-    assert table.loc["a", "dev_metric"] == 0.75 and len(table) == 2
+    assert table.loc["a", "dev_metric"] == 0.5 and len(table) == 2
     assert finished_trial_ids(rows_dir(s3_bucket, "nothing-yet")) == set()
     with pytest.raises(FileNotFoundError, match="does not exist"):
         read_results(sweep_dir(s3_bucket, "nothing-yet"))
