@@ -28,6 +28,12 @@ from analysis.stats import condition_columns, condition_table, correlation, spli
 from trialrows.experiments import (  # noqa: E402,F401
     EXPERIMENT_COLUMNS, FINETUNE_EXPERIMENTS, KNOWN_EXPERIMENTS, RESET_COLUMNS, VIEWS,
 )
+# Which rows are the full model and what conditions pair with it on: shared with the sweep's precision targets.
+from trialrows.pairing import (  # noqa: E402,F401
+    FULL_MODEL_NEUTRAL, PAIR_COLUMNS, computation_columns, full_model_rows,
+)
+from trialrows.pairing import full_model_mask as _full_model_mask  # noqa: E402
+from trialrows.pairing import no_items as _no_items  # noqa: E402,F401
 
 TASK_ORDER = ["sst2", "qnli", "cola", "mnli", "qqp", "rte", "mrpc", "stsb", "wnli", "squad", "squad_v2", "synthetic"]
 TASK_NAMES = {
@@ -42,13 +48,6 @@ METRIC_NAMES = {
 
 SUMMARY_COLUMNS = ["n", "excluded", "diverged", "failed", "mean", "std", "ci95_low", "ci95_high",
                    "mean_minus_2std", "mean_plus_2std", "note"]
-# Settings that change nothing when no layer, head or pooler is reset: every such row of one task, model,
-# size, training recipe and trial index is the same computation (the full model), whichever experiment or
-# reinit mode ran it.
-FULL_MODEL_NEUTRAL = ("experiment", "k", "reinit_layers", "reinit_mode", "keep_layernorm", "lr_multiplier",
-                      "layer", "head", "block_mode", "block_start", "block_size", "permutation",
-                      *(name for view in VIEWS.values() for name, _ in view.new_columns))
-PAIR_COLUMNS = ("trial_index", "subset_seed", "seed")  # what the conditions of one trial index share
 # Columns the tables make (never row settings), so figures do not split by them.
 MADE_COLUMNS = (*SUMMARY_COLUMNS, "block", "baseline", "delta", "direct", "source", "reference", "trials",
                 "mean_stop_epoch", "final_task", "weight_layer", "pairs", "mean_difference", "wilcoxon_p")
@@ -120,42 +119,6 @@ def num_layers(rows: pd.DataFrame) -> dict:
                         best = max(best, int(max(items)) if column == "reinit_layers" else len(items))
         out[model] = best
     return out
-
-
-def _full_model_mask(rows: pd.DataFrame) -> pd.Series:
-    """Rows that finetune the whole pretrained model with nothing reset or reordered."""
-    mask = rows["experiment"].isin(FINETUNE_EXPERIMENTS) & rows["reinit_layers"].map(_no_items)
-    for column in RESET_COLUMNS:  # a head or block reset where this column is set
-        if column in rows.columns:
-            mask &= rows[column].isna()
-    if "permutation" in rows.columns:
-        mask &= rows["permutation"].map(_no_items)
-    if "reinit_pooler" in rows.columns:
-        mask &= ~rows["reinit_pooler"].astype(object).where(rows["reinit_pooler"].notna(), False).astype(bool)
-    return mask
-
-
-def _no_items(value) -> bool:
-    """An empty or null list cell."""
-    return len(value) == 0 if hasattr(value, "__len__") else True
-
-
-def full_model_rows(rows: pd.DataFrame) -> pd.DataFrame:
-    """The full-model rows, each computation once: rows of the same recipe and trial index that differ only
-    in `FULL_MODEL_NEUTRAL` (incremental k = L under both reinit modes, the heads baseline, ...) are one
-    trial; the incremental grid's row is the one kept."""
-    full = rows[_full_model_mask(rows)]
-    if full.empty:
-        return full
-    key = [*computation_columns(full), *[c for c in PAIR_COLUMNS if c in full.columns]]
-    first = full.assign(_incremental=full["experiment"] != "incremental").sort_values("_incremental", kind="stable")
-    kept = first.drop_duplicates(key, keep="first").index.sort_values()
-    return full.loc[kept]
-
-
-def computation_columns(rows: pd.DataFrame) -> list[str]:
-    """The settings that define a full-model computation (every setting but `FULL_MODEL_NEUTRAL`)."""
-    return [c for c in settings(rows.columns) if c not in FULL_MODEL_NEUTRAL]
 
 
 # --- the tables ---------------------------------------------------------------------------------------
