@@ -38,6 +38,8 @@ class TrialSpec:
     # Fields its rows carry even where unset (sequential's intermediate_task: null is direct finetuning);
     # implied by the experiment, so no identity.
     row_fields: tuple[str, ...] = ()
+    # How the sweep planned it (a precision target: target_ci, ...): row columns only, so no identity.
+    plan_columns: tuple[tuple[str, object], ...] = ()
 
     def identity(self) -> dict:
         """Every field that changes what the trial computes; two specs with the same identity are the same
@@ -85,6 +87,7 @@ class TrialSpec:
             row["lr_multiplier"] = self.lr_multiplier
         row.update((name, getattr(self, name)) for name in self.row_fields)
         row.update((key, list(v) if isinstance(v, tuple) else v) for key, v in self.own_columns)
+        row.update(self.plan_columns)
         return row
 
     def to_config(self) -> dict:
@@ -125,8 +128,9 @@ class TrialSpec:
 
 
 OPTIONAL_IDENTITY = ("lr_multiplier", "intermediate_task", "own_columns")
-# The ablation joins as its dict; eval_every changes no number; row_fields only shows fields.
-NOT_IDENTITY = ("ablation", "eval_every", "row_fields")
+# The ablation joins as its dict; eval_every changes no number; row_fields only shows fields; plan_columns say
+# how a sweep chose the trial, not what it computes.
+NOT_IDENTITY = ("ablation", "eval_every", "row_fields", "plan_columns")
 
 
 def data_key(task: str, max_length: int) -> str:
