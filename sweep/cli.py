@@ -13,8 +13,11 @@ from sweep.checks import (address_problems, cannot_start, data_dir_problems, gpu
 from sweep.experiments import EXPERIMENTS, PROBES, GridSettings
 from sweep.options import Limits, Option, at_least, each, known_task, non_negative, parse_groups, positive
 from sweep.grid import TrialSpec, data_key
+from sweep.estimate import DEVICES
 from sweep.packs import parse_pack
+from sweep.precision import DEFAULT_MAX_TRIALS, DEFAULT_PILOT, MEAN, PAIRED
 from sweep.runner import CHECKPOINT_EVERY
+from sweep import precision
 from sweep.status import main as status_main
 from sweep.status import record_plan
 from sweep.store import FINISHED, finished_trial_ids, parent, rows_dir, sweep_dir
@@ -104,6 +107,7 @@ def _trials(value, _) -> list[str]:
 
 TASK = "your own task (use its NAME in --tasks)"
 TRAIN, RUN = "finetuning", "running"
+PRECISION = "precision targets (Stein's two-stage procedure: a pilot per condition, then the count it needs)"
 # Every experiment's options; each experiment adds its own (sweep.experiments).
 COMMON_OPTIONS = (
     Option("--model", "hub name, local folder, or 'minilm' (the offline MiniLM package)", bad=("/no/such/model",)),
@@ -181,6 +185,18 @@ COMMON_OPTIONS = (
            "fused alone (the fused encoder is the faster there), on GPUs as many as fit in GPU memory; with "
            "--checkpoint-every below its default, as 1 (packs keep no checkpoint) (default auto). Sequential "
            "finetuning, searches and probing run unfused", type=parse_pack, default="auto", metavar="N|auto", bad=("0",), group=RUN),
+    Option("--estimate-for", "the device a dry run's cost estimate is for: wall time and GPU-hours (core-hours on "
+           "a CPU) from each trial's FLOPs, the device's peak and the store's measured MFU (default: cpu, or a100 "
+           "with --gpus-per-trial)", choices=DEVICES, bad=("tpu",), group=RUN),
+    Option("--target-ci", "run each condition until its 95%% interval has at most this half-width W (replaces "
+           "--trials): a pilot of --pilot-trials, then as many trials as its spread needs", type=float,
+           metavar="W", check=positive, bad=("0",), group=PRECISION),
+    Option("--target-on", "mean: each condition's mean; paired: its difference against the full model on the same "
+           "trial indices (default mean)", choices=(MEAN, PAIRED), bad=("median",), group=PRECISION),
+    Option("--pilot-trials", f"n0: pilot trials per condition, at least 2 (default {DEFAULT_PILOT})", type=int,
+           metavar="N0", check=at_least(2), bad=("1",), group=PRECISION),
+    Option("--max-trials", f"the most trials of a condition; one stopped here says so (default {DEFAULT_MAX_TRIALS})",
+           type=int, metavar="N", check=at_least(2), bad=("1",), group=PRECISION),
 )
 
 
@@ -351,6 +367,7 @@ def validate(settings: GridSettings, args, limits: Limits) -> list[str]:
         problems.append("--sizes: no subset size given; give --sizes or --fractions")
     check = EXPERIMENTS[args.experiment].problems
     problems += check(settings, limits) if check else []
+    problems += precision.option_problems(args, EXPERIMENTS[args.experiment])
     # The folder as the user typed it: resolved, a path through a symbolic link would read as another one.
     problems += data_dir_problems(args.data_dir, [*settings.tasks, *(settings.intermediate_tasks or ())])
     return problems
@@ -508,9 +525,11 @@ def main(argv: list[str] | None = None) -> int:
         raw = {**load_raw_tasks(settings, [t for t in tasks if t not in (raw or {})]), **(raw or {})}
         settings = dataclasses.replace(
             settings, train_split_sizes=tuple((task, len(data.train)) for task, data in raw.items()))
-    specs = experiment.build(settings, limits.num_layers, limits.num_heads)
+    specs = experiment.build(precision.grid_settings(settings, args), limits.num_layers, limits.num_heads)
     name = args.name or args.experiment
     folder = rows_dir(args.storage, name)
+    if args.target_ci is not None:  # two stages, planned by the driver
+        return precision.precision_sweep(specs, settings, args, argv, folder, limits.num_layers, raw)
     plan = experiment.plan_function() or plan_trials
     todo, planned, rerun_skips, table, note = plan(specs, folder, args, read=not args.dry_run)
     print(f"{args.experiment}: {settings.model} ({limits.num_layers} layers), storage {args.storage}/{name}")
@@ -518,6 +537,10 @@ def main(argv: list[str] | None = None) -> int:
     if note:
         print(note)
     if args.dry_run:
+        if experiment.runner is None:  # finetuning trials: what trainables.cost counts
+            from sweep.estimate import estimate_text
+
+            print(estimate_text(specs, settings, args, limits.num_layers, folder, raw))
         return 0
 
     record_plan(sweep_dir(args.storage, name), argv, args.experiment, planned, rerun_skips)
@@ -544,13 +567,7 @@ def run(todo: list[TrialSpec], settings: GridSettings, args, folder: Path, pretr
 
     owns_ray = not ray.is_initialized()
     if owns_ray:
-        print(f"starting Ray ({'at ' + args.address if args.address else 'on this machine'})", flush=True)
-        # Trials find tasks and weights in the object store, so workers need no path of the driver's.
-        try:
-            ray.init(address=args.address, include_dashboard=False, configure_logging=False,
-                     runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
-        except ConnectionError as err:  # `--address auto` with no cluster running
-            raise SystemExit(cannot_start([f"--address: {err}"])) from err
+        start_ray(args.address)
     try:
         problems = gpu_problems(args.gpus_per_trial, ray.cluster_resources())
         if problems:
@@ -577,6 +594,18 @@ def run(todo: list[TrialSpec], settings: GridSettings, args, folder: Path, pretr
     finally:
         if owns_ray:
             ray.shutdown()  # before the interpreter exits, so workers stop quietly instead of by SIGTERM
+
+
+def start_ray(address: str | None) -> None:
+    import ray
+
+    print(f"starting Ray ({'at ' + address if address else 'on this machine'})", flush=True)
+    # Trials find tasks and weights in the object store, so workers need no path of the driver's.
+    try:
+        ray.init(address=address, include_dashboard=False, configure_logging=False,
+                 runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+    except ConnectionError as err:  # `--address auto` with no cluster running
+        raise SystemExit(cannot_start([f"--address: {err}"])) from err
 
 
 def report(folder: Path, grid_ids: set[str], table=None) -> int:

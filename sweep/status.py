@@ -18,7 +18,9 @@ import shlex
 import pandas as pd
 import pyarrow.fs
 
+from sweep.estimate import remaining_line
 from sweep.store import filesystem, join, location, rows_dir, sweep_dir
+from trialrows.precision import precision_table
 
 PLANS = "plans"
 NOT_RUN = "not yet run"
@@ -137,8 +139,27 @@ def status(storage: str, name: str) -> str:
         f"{sweep}: {len(trials)} trials; {tally(trials['state'], states(trials))}",
         cell_counts(trials).to_string(index=False),
         rerun_line(plans, trials),
+        *precision_lines(trials, stored),
+        remaining_line(trials, stored, NOT_RUN),
     ]
     return "\n".join(lines)
+
+
+def precision_lines(trials: pd.DataFrame, stored: pd.DataFrame) -> list[str]:
+    """For a precision-targeted sweep (--target-ci): per condition, the trials it needs and has, and whether
+    its interval reached W (trialrows.precision), from the planned trials and the rows landed so far."""
+    from trialrows.precision import targeted
+
+    if not targeted(trials):
+        return []
+    results = [c for c in ("dev_metric", "finished_at") if c in stored.columns]
+    frame = trials.drop(columns=["state", *[c for c in results if c in trials.columns]])
+    frame = frame.merge(stored[["trial_id", *results]].drop_duplicates("trial_id"), on="trial_id", how="left")
+    table = precision_table(frame)
+    keep = [c for c in cell_columns(trials) if c in table.columns]
+    shown = table[[*keep, "target_on", "target_ci", "needed", "trials", "half_width", "state", "note"]]
+    return ["precision targets (Stein's two-stage procedure; needed: N from each pilot's spread, once it is in):",
+            shown.to_string(index=False, na_rep="-", float_format=lambda x: f"{x:.4f}")]
 
 
 def is_dir(where) -> bool:

@@ -1,0 +1,269 @@
+"""A precision-targeted sweep (`--target-ci W`): Stein's two-stage procedure (trialrows.precision), planned by
+the driver around the ordinary runner.
+
+Stage 1 runs trial indices 0..n0-1 of every condition (`--pilot-trials n0`) through the experiment's runner, as
+any sweep runs its trials. The driver then reads their rows back from the store, computes each condition's N
+from its pilot's spread, and runs indices n0..N-1 (at most `--max-trials`) as stage 2; on paired differences the
+full model runs as many indices as the largest N of the conditions paired with it. Trial index i is the same
+trial in every condition (the same subset and seeds: sweep.experiments.trial_seeds) and in every sweep whatever
+its target (the target is in its row, not in its id): a rerun skips every trial that has landed and computes the
+same N from the same pilot rows, so no trial runs twice.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import numpy as np
+import pandas as pd
+
+from sweep.grid import TrialSpec
+from trialrows.precision import MEAN, PAIRED, PILOT, Target, expected_trials, precision_outcomes, precision_table
+from trialrows.read import FINISHED
+
+DEFAULT_PILOT, DEFAULT_MAX_TRIALS = 5, 50
+# What the end of a precision-targeted sweep prints per condition (beside its condition columns).
+SHOWN = ["target_on", "target_ci", "needed", "trials", "values", "mean", "ci95_low", "ci95_high", "half_width",
+         "state", "note"]
+
+
+def target_of(options) -> Target | None:
+    """The command line's target; None for a sweep of fixed counts."""
+    if getattr(options, "target_ci", None) is None:
+        return None
+    return Target(float(options.target_ci), options.target_on or MEAN, options.pilot_trials or DEFAULT_PILOT,
+                  options.max_trials or DEFAULT_MAX_TRIALS)
+
+
+def option_problems(options, experiment) -> list[str]:
+    """What the precision options refuse together (each option's own range is checked where it is declared)."""
+    given = [(flag, value) for flag, value in (("--target-on", options.target_on), ("--pilot-trials",
+             options.pilot_trials), ("--max-trials", options.max_trials)) if value is not None]
+    if options.target_ci is None:
+        return [f"{flag}: only means something with --target-ci W (given: {value})" for flag, value in given]
+    target, problems = target_of(options), []
+    if target.pilot > target.max_trials:
+        problems.append(f"--pilot-trials: {target.pilot} is more than --max-trials {target.max_trials}; the pilot "
+                        "is part of each condition's trials")
+    if options.trials is not None:
+        problems.append(f"--trials: {' '.join(options.trials)} fixes the count that --target-ci sets per condition; "
+                        "give --pilot-trials and --max-trials instead")
+    if experiment.plan is not None:
+        problems.append(f"--target-ci: {options.target_ci:g} asks for trial counts per condition, but "
+                        f"{options.experiment}'s units are searches, not repeated trials")
+    return problems
+
+
+def grid_settings(settings, options):
+    """The settings whose grid holds every trial a target may need: `--max-trials` indices per cell."""
+    target = target_of(options)
+    return settings if target is None else dataclasses.replace(settings, trials=((0, target.max_trials),))
+
+
+def targeted(specs: list[TrialSpec], target: Target) -> list[TrialSpec]:
+    """The specs with the target in their rows (not in their ids)."""
+    columns = tuple(target.columns().items())
+    return [dataclasses.replace(spec, plan_columns=columns) for spec in specs]
+
+
+def planned_frame(specs: list[TrialSpec], stored: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per spec, as it will be written, with what the store holds of it (status, dev_metric,
+    finished_at; null where it has not landed)."""
+    frame = pd.DataFrame([spec.row() for spec in specs])
+    results = ["status", "dev_metric", "finished_at"]
+    if stored is None or stored.empty or "status" not in stored:
+        return frame.assign(**{c: None for c in results})
+    held = stored[["trial_id", *[c for c in results if c in stored]]].drop_duplicates("trial_id")
+    return frame.merge(held, on="trial_id", how="left")
+
+
+def paired_problems(specs: list[TrialSpec], target: Target) -> list[str]:
+    """Paired targets need, for every condition, the full model of the same recipe in the grid."""
+    from trialrows.pairing import computation_columns, full_model_mask
+    from trialrows.summaries import groupable
+
+    if target.on != PAIRED or not specs:
+        return []
+    frame = groupable(planned_frame([s for s in specs if s.trial_index == 0]))
+    full = full_model_mask(frame)
+    if not full.any():
+        return [f"--target-on: paired needs the full model (nothing reset) in the grid, to pair each condition with; "
+                f"this {specs[0].experiment} grid has none (incremental: include k = L in --k)"]
+    on = [c for c in computation_columns(frame) if frame[c].notna().any()]
+    keys = frame.loc[full, on].drop_duplicates()
+    alone = frame.loc[~full, on].merge(keys, on=on, how="left", indicator=True)["_merge"].eq("left_only").sum()
+    if alone:
+        return [f"--target-on: paired: {alone} conditions have no full model of the same recipe in the grid"]
+    return []
+
+
+def stage_two(specs: list[TrialSpec], stored: pd.DataFrame | None, target: Target):
+    """(the specs stage 2 runs: indices n0..N-1 of each condition whose pilot is complete, the per-condition
+    table): N from the pilot rows the store holds (trialrows.precision)."""
+    frame = planned_frame(specs, stored)
+    table, line = precision_outcomes(frame)
+    needed = line.map(table["needed"].to_dict() if len(table) else {}).to_numpy(dtype=object)
+    chosen = [spec for spec, n in zip(specs, needed)
+              if n is not None and not pd.isna(n) and target.pilot <= spec.trial_index < int(n)]
+    return chosen, table, frame, line
+
+
+def describe_target(specs: list[TrialSpec], target: Target) -> str:
+    conditions = len({spec.trial_id for spec in specs if spec.trial_index == 0})
+    on = "mean" if target.on == MEAN else "paired difference against the full model (same trial index)"
+    return (f"precision target: a 95% interval of half-width <= {target.half_width:g} on each condition's {on}, by "
+            f"Stein's two-stage procedure: a pilot of {target.pilot} trials per condition, then the count its spread "
+            f"needs, at most {target.max_trials}; {conditions} conditions")
+
+
+# --- a dry run's cost: the pilot stage, then the expected total ----------------------------------------------
+
+
+def expected_counts(table: pd.DataFrame, frame: pd.DataFrame, line: pd.Series, target: Target) -> dict[int, float | None]:
+    """Per line of `table`, the trials a condition is expected to need: its N once its pilot is in; before, the
+    expectation of N (trialrows.precision.expected_trials) from the spread of whatever values of it the store
+    holds (an earlier sweep's); None without two such values."""
+    values = pd.to_numeric(frame["dev_metric"], errors="coerce").where(frame["status"] == "ok")
+    out = {}
+    for position, row in table.iterrows():
+        if row.get("needed") is not None and not pd.isna(row.get("needed")):
+            out[position] = float(row["needed"])
+            continue
+        mine = values[line == position].dropna()
+        out[position] = expected_trials(float(mine.std(ddof=1)), target) if len(mine) >= 2 and target.on == MEAN else None
+    return out
+
+
+def two_stage_seconds(first: list[float], second: list[float], rate) -> float:
+    """Wall time of the two stages: the start, the pilot's trials, then stage 2's once every pilot is in."""
+    from sweep.estimate import STAGE_SECONDS, sweep_seconds
+
+    if not first and not second:
+        return 0.0
+    gap = STAGE_SECONDS if first and second else 0.0
+    return rate.startup + sweep_seconds(first, rate, started=True) + gap + sweep_seconds(second, rate, started=True)
+
+
+def cost_text(specs, settings, options, num_layers: int, folder, target: Target, stored, raw=None) -> str:
+    """The pilot stage's cost, then stage 2's: at most (every condition to --max-trials) and expected."""
+    from sweep import estimate
+
+    pilot = [s for s in specs if s.trial_index < target.pilot]
+    flops, rate, note = estimate.dry_run_estimate(specs, settings, options, num_layers, folder, raw, stored)
+    by_id = dict(zip((s.trial_id for s in specs), flops))
+    done = set(stored.loc[stored["status"].isin(FINISHED), "trial_id"]) if len(stored) else set()
+    first = [by_id[s.trial_id] for s in pilot if s.trial_id not in done]
+    rest = [by_id[s.trial_id] for s in specs if s.trial_index >= target.pilot and s.trial_id not in done]
+    lines = [estimate.header(rate, note), estimate.cost_table(pilot, [by_id[s.trial_id] for s in pilot], rate),
+             estimate.summary_line(f"pilot stage ({len(pilot) - len(first)} of {len(pilot)} done)", first, rate),
+             estimate.summary_line("stage 2 at most (every condition to --max-trials)", rest, rate, started=bool(first))]
+    _, table, frame, line = stage_two(specs, stored, target)
+    expected = expected_counts(table, frame, line, target)
+    known = {p: n for p, n in expected.items() if n is not None}
+    if table.empty or not known:
+        lines.append("stage 2 expected: not known before the pilot (no earlier values of these conditions in the store)")
+        return "\n".join(lines)
+    mean_flops = float(np.mean(list(by_id.values())))
+    more = sum(max(0.0, n - target.pilot) for n in known.values())
+    extra = [mean_flops] * int(round(more))
+    total = two_stage_seconds(first, extra, rate)
+    hours = estimate.device_hours(first + extra, rate)
+    lines.append(f"stage 2 expected: {more:.0f} more trials (from the pilot rows or earlier values of {len(known)} of "
+                 f"{len(table)} conditions); both stages {estimate.hours(total)} wall, {hours:.2f} "
+                 f"{'GPU' if rate.gpu else 'core'}-hours")
+    return "\n".join(lines)
+
+
+# --- the run ---------------------------------------------------------------------------------------------------
+
+
+def precision_sweep(specs, settings, options, argv, folder, num_layers: int, raw=None) -> int:
+    """Plan, run and report a precision-targeted sweep (the command's flow once its grid is built)."""
+    from sweep import cli
+    from sweep.estimate import stored_rows
+    from sweep.status import record_plan
+    from sweep.store import finished_trial_ids, sweep_dir
+
+    target = target_of(options)
+    specs = targeted(specs, target)
+    problems = paired_problems(specs, target)
+    if problems:
+        return cli.refuse(problems)
+    pilot = [s for s in specs if s.trial_index < target.pilot]
+    name = options.name or options.experiment
+    print(f"{options.experiment}: {settings.model} ({num_layers} layers), storage {options.storage}/{name}")
+    print(describe_target(specs, target))
+    print(cli.describe_grid(pilot).replace("trials", "pilot", 1))
+    stored = stored_rows(folder)
+    if options.dry_run:
+        print(cost_text(specs, settings, options, num_layers, folder, target, stored, raw))
+        return 0
+    sweep = sweep_dir(options.storage, name)
+    record_plan(sweep, argv, options.experiment, [s.row() for s in pilot], FINISHED)
+    ray_session = _RaySession(options)
+    try:
+        todo = [s for s in pilot if s.trial_id not in finished_trial_ids(folder)]
+        print(f"pilot stage: {len(pilot) - len(todo)} of {len(pilot)} already done, {len(todo)} to run", flush=True)
+        if todo and not ray_session.run(todo, settings, options, folder, raw):
+            return 2
+        second, table, _, _ = stage_two(specs, stored_rows(folder), target)
+        record_plan(sweep, argv, options.experiment, [s.row() for s in [*pilot, *second]], FINISHED)
+        todo = [s for s in second if s.trial_id not in finished_trial_ids(folder)]
+        print(stage_two_text(table, second, todo, target), flush=True)
+        # The first stage continued any interrupted Tune experiment (--resume); the second runs what is missing.
+        if todo and not ray_session.run(todo, settings, argparse.Namespace(**{**vars(options), "resume": False}),
+                                        folder, raw):
+            return 2
+    finally:
+        ray_session.close()
+    return cli.report(folder, {s.trial_id for s in [*pilot, *second]}, end_table)
+
+
+def stage_two_text(table: pd.DataFrame, second: list, todo: list, target: Target) -> str:
+    waiting = int((table["state"] == PILOT).sum()) if len(table) else 0
+    text = (f"stage 2: {len(second)} trials beyond the pilots ({len(second) - len(todo)} already done, {len(todo)} "
+            f"to run), from each condition's pilot spread")
+    if waiting:
+        text += (f"; {waiting} conditions wait for pilot trials that failed (run the command again to retry them; "
+                 "their stage 2 follows)")
+    return text
+
+
+def end_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """What the sweep prints when it ends: per condition, its count, Stein's interval and whether it reached W."""
+    table = precision_table(rows)
+    keep = [c for c in table.columns if c not in SHOWN and c not in ("pilot_trials", "max_trials", "pilot_sd",
+                                                                     "reached") and table[c].nunique(dropna=False) > 1]
+    return table[[*keep, *[c for c in SHOWN if c in table.columns]]]
+
+
+class _RaySession:
+    """One Ray for both stages: started at the first stage with trials to run (unless one is running), shut
+    down at the end; the pretrained weights are loaded once."""
+
+    def __init__(self, options):
+        self.options, self.owned, self.pretrained = options, False, None
+
+    def run(self, todo, settings, options, folder, raw) -> bool:
+        import ray
+
+        from sweep import cli
+
+        if self.pretrained is None:
+            print(f"loading {settings.model}", flush=True)
+            try:
+                self.pretrained = cli.buildable(settings.model)
+            except (OSError, ValueError) as err:
+                cli.refuse([f"--model: '{settings.model}' cannot be built: {err}"])
+                return False
+        if not ray.is_initialized():
+            cli.start_ray(self.options.address)
+            self.owned = True
+        cli.run(todo, settings, options, folder, self.pretrained, raw)
+        return True
+
+    def close(self) -> None:
+        if self.owned:
+            import ray
+
+            ray.shutdown()
