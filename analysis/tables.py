@@ -20,7 +20,8 @@ from scipy import stats
 
 from analysis.results import CORE_COLUMNS, as_list
 from analysis.schema import settings
-from analysis.stats import condition_columns, condition_table, correlation, split_settings, summarize
+from analysis.stats import (condition_columns, condition_table, correlation, split_settings, stein_outcomes,
+                            summarize, with_stein_intervals)
 
 # Experiments this module knows, what keeps their conditions apart and which finetune with parts reset:
 # analysis.experiments, one entry each; rows of any other experiment still get a table (`other_table`), so
@@ -189,14 +190,16 @@ def paired_differences(rows: pd.DataFrame) -> pd.DataFrame:
     """Every condition of the finetuning experiments against the full model, trial index by trial index
     (each index trains every condition on the same subset, with the same seeds): the mean paired difference
     (condition minus full model), its paired 95% t-interval (n-1 df) and the two-sided Wilcoxon signed-rank
-    p-value (scipy.stats.wilcoxon), over the indices where both finished."""
+    p-value (scipy.stats.wilcoxon), over the indices where both finished. A condition a sweep targeted on its
+    paired difference (`--target-on paired`) gets Stein's interval over the indices the procedure chose."""
     columns = ["experiment", "task", "model", "train_size", "pairs", "mean_difference", "ci95_low", "ci95_high",
                "wilcoxon_p", "note"]
     if rows.empty or "reinit_layers" not in rows.columns:
         return pd.DataFrame(columns=columns)
+    outcomes, lines = stein_outcomes(rows)
     ok = rows[(rows["status"] == "ok") & rows["dev_metric"].notna()]
     full = full_model_rows(ok)
-    picked = ok[ok["experiment"].isin(FINETUNE_EXPERIMENTS) & ~_full_model_mask(ok)]
+    picked = ok[ok["experiment"].isin(FINETUNE_EXPERIMENTS) & ~_full_model_mask(ok)].assign(_line=lines)
     if full.empty or picked.empty:
         return pd.DataFrame(columns=columns)
     on = [*computation_columns(full), *[c for c in PAIR_COLUMNS if c in full.columns]]
@@ -206,13 +209,15 @@ def paired_differences(rows: pd.DataFrame) -> pd.DataFrame:
     pairs["_difference"] = pairs["dev_metric"] - pairs["_full"]
     records = []
     for experiment, part in pairs.groupby("experiment", sort=False):
-        own = condition_columns(part.drop(columns=["_full", "_difference"]))
+        own = condition_columns(part.drop(columns=["_full", "_difference", "_line"]))
         by = [*dict.fromkeys([*own, *EXPERIMENT_COLUMNS.get(experiment, [])])]
         by = [c for c in by if c in part.columns and c != "metric_name"] + ["metric_name"]
-        for key, group in part[[*by, "_difference"]].groupby(by, dropna=False, sort=False):
-            records.append({**dict(zip(by, key)), "_differences": group["_difference"].dropna().to_numpy(float)})
+        for key, group in part[[*by, "_difference", "_line"]].groupby(by, dropna=False, sort=False):
+            records.append({**dict(zip(by, key)), "_differences": group["_difference"].dropna().to_numpy(float),
+                            "_first": group["_line"].min(), "_last": group["_line"].max()})
     table = pd.DataFrame.from_records(records)
     table = pd.concat([table.drop(columns="_differences"), _paired(table["_differences"])], axis=1)
+    table = with_stein_intervals(table, outcomes, "pairs", "mean_difference", on="paired")
     order = [c for c in table.columns if c not in columns[4:]] + columns[4:]
     return _sort(table[order], [c for c in order if c not in columns[4:]])
 
