@@ -275,8 +275,9 @@ def cost_table(specs, flops, rate: Rate) -> str:
     cells = frame.groupby(["task", "size", "epochs"], sort=True).agg(
         trials=("trial", "size"), low=("flops", "min"), high=("flops", "max"), seconds=("seconds", "mean"))
     lines = [f"{'task':<10} {'size':>7} {'epochs':>6} {'trials':>7} {'FLOPs per trial':>19} {'time per trial':>14}"]
-    lines += [f"{task:<10} {size:>7} {epochs:>6} {r.trials:>7} {f'{r.low:.3g}-{r.high:.3g}':>19} "
-              f"{hours(r.seconds):>14}" for (task, size, epochs), r in cells.iterrows()]
+    for (task, size, epochs), cell in zip(cells.index, cells.itertuples(index=False)):
+        spread = f"{cell.low:.3g}" if f"{cell.low:.3g}" == f"{cell.high:.3g}" else f"{cell.low:.3g}-{cell.high:.3g}"
+        lines.append(f"{task:<10} {size:>7} {epochs:>6} {cell.trials:>7} {spread:>19} {hours(cell.seconds):>14}")
     return "\n".join(lines)
 
 
