@@ -10,9 +10,9 @@ own clock; trials are scheduled in grid order, each to the first free slot, afte
   typical lengths (`TYPICAL_TOKENS`), said so. A stored row of the same trial gives its FLOPs exactly.
 - Peak: the data sheets' dense bf16 peak for a GPU (`trainables.cost.GPU_PEAK_FLOPS`); for a CPU, the fp32
   matmul peak of one trial's threads, as a trial measures it (the store's rows' own, else measured now).
-- MFU: model FLOPs x pack size / (wall seconds x peak) of the store's finished rows on that kind of device
-  (the same model's when it has some; the median), else `DEFAULT_MFU`. A GPU row is read as its pack holding
-  one whole device.
+- MFU: the model FLOPs (x pack size) of the store's finished rows on that kind of device over their wall
+  seconds, in all, over their median peak (the same model's rows when it has some), else `DEFAULT_MFU`. A GPU
+  row is read as its pack holding one whole device.
 - Slots: on a CPU, the CPUs over `--cpus-per-trial` (this machine's, or the cluster's when Ray runs); on a GPU,
   one device's throughput (trials sharing it share it): wall time on one device, and its GPU-hours.
 """
@@ -108,7 +108,8 @@ def device_kind(device) -> str | None:
 
 def measured_mfu(rows: pd.DataFrame, device: str, model: str | None = None) -> tuple[float, float, int, str] | None:
     """(MFU over the wall clock, the peak the rows measured, rows, which rows) from the store's finished rows on
-    `device`: the same model's when there are any, else every model's; None without such rows."""
+    `device`: the same model's when there are any, else every model's; None without such rows. MFU x peak is
+    their FLOPs over their wall seconds."""
     needed = {"model_flops", "wall_seconds", "peak_flops", "device", "status"}
     if rows is None or rows.empty or not needed <= set(rows.columns):
         return None
@@ -121,8 +122,11 @@ def measured_mfu(rows: pd.DataFrame, device: str, model: str | None = None) -> t
     same = usable & (rows["model"] == model) if model is not None and "model" in rows else usable
     picked, which = (same, f"{int(same.sum())} finished rows of {model}") if same.any() else \
         (usable, f"{int(usable.sum())} finished rows of other models")
-    mfu = (flops * pack / (wall * peak))[picked]
-    return float(mfu.median()), float(peak[picked].median()), int(picked.sum()), which
+    # Their FLOPs over their wall seconds in all (the rate that gives their total time back), over their peak:
+    # a CPU's peak, measured at each trial's start, moves with the machine's load, so MFU is not averaged.
+    rate = float((flops * pack)[picked].sum() / wall[picked].sum())
+    typical_peak = float(peak[picked].median())
+    return rate / typical_peak, typical_peak, int(picked.sum()), which
 
 
 def rate_for(device: str, rows: pd.DataFrame | None, model: str, cpus_per_trial: float, cpus: float | None = None) -> Rate:
@@ -341,8 +345,12 @@ def observed_slots(rows: pd.DataFrame) -> int:
     usable = end.notna() & wall.notna()
     if not usable.any():
         return 1
-    ends = end[usable].astype("int64").to_numpy() / 1e9
+    ends = (end[usable] - pd.Timestamp(0, tz="UTC")).dt.total_seconds().to_numpy()
     starts = ends - wall[usable].to_numpy(float)
+    # finished_at is in whole seconds, written a moment after the trial's clock stopped: a trial that began as
+    # another ended must not count as beside it.
+    slack = np.minimum(5.0, 0.1 * (ends - starts))
+    starts, ends = starts + slack, ends - slack
     events = sorted([(s, 1) for s in starts] + [(e, -1) for e in ends], key=lambda x: (x[0], x[1]))
     running = best = 0
     for _, step in events:

@@ -196,7 +196,10 @@ def precision_sweep(specs, settings, options, argv, folder, num_layers: int, raw
     print(cli.describe_grid(pilot).replace("trials", "pilot", 1))
     stored = stored_rows(folder)
     if options.dry_run:
-        print(cost_text(specs, settings, options, num_layers, folder, target, stored, raw))
+        from sweep.experiments import EXPERIMENTS
+
+        if EXPERIMENTS[options.experiment].runner is None:  # finetuning trials: what trainables.cost counts
+            print(cost_text(specs, settings, options, num_layers, folder, target, stored, raw))
         return 0
     sweep = sweep_dir(options.storage, name)
     record_plan(sweep, argv, options.experiment, [s.row() for s in pilot], FINISHED)

@@ -20,7 +20,7 @@ import pyarrow.fs
 
 from sweep.estimate import remaining_line
 from sweep.store import filesystem, join, location, rows_dir, sweep_dir
-from trialrows.precision import precision_table
+from trialrows.precision import PILOT, precision_table
 
 PLANS = "plans"
 NOT_RUN = "not yet run"
@@ -158,8 +158,14 @@ def precision_lines(trials: pd.DataFrame, stored: pd.DataFrame) -> list[str]:
     table = precision_table(frame)
     keep = [c for c in cell_columns(trials) if c in table.columns]
     shown = table[[*keep, "target_on", "target_ci", "needed", "trials", "half_width", "state", "note"]]
-    return ["precision targets (Stein's two-stage procedure; needed: N from each pilot's spread, once it is in):",
-            shown.to_string(index=False, na_rep="-", float_format=lambda x: f"{x:.4f}")]
+    lines = ["precision targets (Stein's two-stage procedure; needed: N from each pilot's spread, once it is in):",
+             shown.to_string(index=False, na_rep="-", float_format=lambda x: f"{x:.4f}")]
+    piloting = table[table["state"] == PILOT]
+    if len(piloting):
+        most = int((piloting["max_trials"] - piloting["pilot_trials"]).sum())
+        lines.append(f"stage 2 of {len(piloting)} conditions is planned once their pilots are in: at most {most} "
+                     "more trials, not counted below")
+    return lines
 
 
 def is_dir(where) -> bool:

@@ -41,17 +41,20 @@ def test_mfu_comes_from_the_stores_finished_rows_on_that_device():
         "pack_size": [1, 1, 1, 1, 1, 4],
     })
     mfu, peak, n, which = measured_mfu(rows, "cpu", "a")
-    assert (mfu, peak, n) == (pytest.approx(0.2), 1e11, 3)  # 0.1, 0.2, 0.3: the median; the failed row left out
-    assert measured_mfu(rows, "cpu", "c")[0] == pytest.approx(0.25)  # no row of c: every model's (0.1..1)
+    assert (mfu, peak, n) == (pytest.approx(0.2), 1e11, 3)  # 6e12 FLOPs in 300 s over 1e11; the failed row left out
+    assert measured_mfu(rows, "cpu", "c")[0] == pytest.approx(7e12 / 310 / 1e11)  # no row of c: every model's
     # A pack of 4 on one GPU: 4 x its share of FLOPs over the pack's wall clock.
     assert measured_mfu(rows, "h100", "a")[0] == pytest.approx(4e14 / (10 * 989e12))
     assert measured_mfu(rows, "a100", "a") is None
     rate = rate_for("cpu", rows, "a", cpus_per_trial=1, cpus=2)
     assert (rate.mfu, rate.peak, rate.slots) == (pytest.approx(0.2), 1e11, 2) and "median" in rate.source
-    # Three trials ran 0-100 s, 50-150 s, 60-160 s: three at once at 60-100 s.
+    # Three trials ran 0-100 s, 50-150 s, 60-160 s: three at once at 60-100 s; a fourth began as the first ended.
     spans = pd.DataFrame({"finished_at": ["2026-11-24T00:01:40+0000", "2026-11-24T00:02:30+0000",
                                           "2026-11-24T00:02:40+0000"], "wall_seconds": [100.0, 100.0, 100.0]})
     assert observed_slots(spans) == 3
+    spans = pd.DataFrame({"finished_at": ["2026-11-24T00:01:40+0000", "2026-11-24T00:01:41+0000",
+                                          "2026-11-24T00:03:20+0000"], "wall_seconds": [100.0, 100.0, 100.4]})
+    assert observed_slots(spans) == 2
 
 
 def test_a_trials_flops_are_counted_before_it_runs_exactly_as_it_counts_them(pretrained, synthetic, tiny_bert):
