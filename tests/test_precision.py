@@ -175,6 +175,11 @@ def test_paired_target_runs_the_full_model_as_far_as_its_conditions_need():
     assert table.loc[4, "state"] == REFERENCE and table.loc[4, "needed"] == 7
     assert sorted(s.trial_index for s in second if s.k == 4) == [3, 4, 5, 6]
     assert sorted(s.trial_index for s in second if s.k == 0) == []
+    # k = 2's pilot waits for a failed trial: the full model goes as far as the others need, no further yet.
+    del pilot[(2, 1)]
+    second, table, _, _ = stage_two(specs, stored(specs, pilot), target)
+    assert second == [] and table.set_index("k").loc[4, "needed"] == 3
+    assert "1 of them still in their pilot" in table.set_index("k").loc[4, "note"]
 
 
 def test_paired_target_needs_the_full_model_and_options_go_together():

@@ -27,6 +27,7 @@ has a wider interval than W and says so. A pilot is complete when each of its in
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import numpy as np
@@ -71,6 +72,7 @@ class Target:
                    int(row.get("max_trials")))
 
 
+@functools.lru_cache(maxsize=None)
 def t_quantile(pilot_values: int, confidence: float = CONFIDENCE) -> float:
     """Student's t quantile of a two-sided interval with `pilot_values` - 1 degrees of freedom."""
     return float(stats.t.ppf((1 + confidence) / 2, pilot_values - 1))
@@ -235,15 +237,18 @@ def _differences(reference, group, finished, value) -> dict[int, float]:
 
 
 def _reference_line(rows, group, records, members, finished) -> dict:
-    """The full model under paired targets: it needs the largest N of the conditions paired with it."""
+    """The full model under paired targets: it needs the largest N of the conditions paired with it (of those
+    whose pilot is in: one still waiting may ask for more later)."""
     on = [c for c in computation_columns(rows) if c in group.columns]
     mine = group[on].drop_duplicates()
-    needs = [records[i]["needed"] for i, index in enumerate(members)
-             if records[i].get("state") is not None and records[i]["target_on"] == PAIRED
-             and len(rows.loc[index, on].drop_duplicates().merge(mine, on=on)) > 0]
-    needed = None if not needs or any(n is None or pd.isna(n) for n in needs) else int(max(needs))
+    partners = [i for i, index in enumerate(members) if records[i].get("state") not in (None, REFERENCE)
+                and records[i]["target_on"] == PAIRED and len(rows.loc[index, on].drop_duplicates().merge(mine, on=on))]
+    needs = [int(records[i]["needed"]) for i in partners if not pd.isna(records[i]["needed"])]
+    needed = max(needs) if needs else None
     indices = set(group.loc[finished.loc[group.index], "trial_index"].astype(int))
     trials = len(indices & set(range(needed))) if needed else len(indices)
-    note = (f"the full model: runs as many trial indices as the {len(needs)} conditions paired with it need"
-            if needs else "the full model: no condition is paired with it")
+    note = (f"the full model: runs as many trial indices as the {len(partners)} conditions paired with it need"
+            if partners else "the full model: no condition is paired with it")
+    if len(needs) < len(partners):
+        note += f" ({len(partners) - len(needs)} of them still in their pilot)"
     return {"needed": needed, "trials": trials, "state": REFERENCE, "note": note}
