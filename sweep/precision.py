@@ -213,8 +213,9 @@ def precision_sweep(specs, settings, options, argv, folder, num_layers: int, raw
         record_plan(sweep, argv, options.experiment, [s.row() for s in [*pilot, *second]], FINISHED)
         todo = [s for s in second if s.trial_id not in finished_trial_ids(folder)]
         print(stage_two_text(table, second, todo, target), flush=True)
-        # The first stage continued any interrupted Tune experiment (--resume); the second runs what is missing.
-        if todo and not ray_session.run(todo, settings, argparse.Namespace(**{**vars(options), "resume": False}),
+        # --resume continues the newest interrupted Tune experiment once: in the first stage that ran trials.
+        resume = bool(options.resume) and not ray_session.ran
+        if todo and not ray_session.run(todo, settings, argparse.Namespace(**{**vars(options), "resume": resume}),
                                         folder, raw):
             return 2
     finally:
@@ -245,7 +246,7 @@ class _RaySession:
     down at the end; the pretrained weights are loaded once."""
 
     def __init__(self, options):
-        self.options, self.owned, self.pretrained = options, False, None
+        self.options, self.owned, self.pretrained, self.ran = options, False, None, False
 
     def run(self, todo, settings, options, folder, raw) -> bool:
         import ray
@@ -263,6 +264,7 @@ class _RaySession:
             cli.start_ray(self.options.address)
             self.owned = True
         cli.run(todo, settings, options, folder, self.pretrained, raw)
+        self.ran = True
         return True
 
     def close(self) -> None:
