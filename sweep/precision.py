@@ -109,7 +109,7 @@ def stage_two(specs: list[TrialSpec], stored: pd.DataFrame | None, target: Targe
 
 
 def describe_target(specs: list[TrialSpec], target: Target) -> str:
-    conditions = len({spec.trial_id for spec in specs if spec.trial_index == 0})
+    conditions = sum(spec.trial_index == 0 for spec in specs)
     on = "mean" if target.on == MEAN else "paired difference against the full model (same trial index)"
     return (f"precision target: a 95% interval of half-width <= {target.half_width:g} on each condition's {on}, by "
             f"Stein's two-stage procedure: a pilot of {target.pilot} trials per condition, then the count its spread "
@@ -119,18 +119,16 @@ def describe_target(specs: list[TrialSpec], target: Target) -> str:
 # --- a dry run's cost: the pilot stage, then the expected total ----------------------------------------------
 
 
-def expected_counts(table: pd.DataFrame, frame: pd.DataFrame, line: pd.Series, target: Target) -> dict[int, float | None]:
-    """Per line of `table`, the trials a condition is expected to need: its N once its pilot is in; before, the
-    expectation of N (trialrows.precision.expected_trials) from the spread of whatever values of it the store
-    holds (an earlier sweep's); None without two such values."""
+def expected_counts(table: pd.DataFrame, frame: pd.DataFrame, line: pd.Series, target: Target) -> dict[int, float]:
+    """Per line of `table` whose pilot is not in yet, the trials it is expected to need in all: the expectation
+    of N (trialrows.precision.expected_trials) from the spread of whatever values of it the store holds (an
+    earlier sweep's); conditions without two such values (or on paired differences) are left out."""
     values = pd.to_numeric(frame["dev_metric"], errors="coerce").where(frame["status"] == "ok")
     out = {}
-    for position, row in table.iterrows():
-        if row.get("needed") is not None and not pd.isna(row.get("needed")):
-            out[position] = float(row["needed"])
-            continue
+    for position in table.index[table["state"] == PILOT] if len(table) and target.on == MEAN else []:
         mine = values[line == position].dropna()
-        out[position] = expected_trials(float(mine.std(ddof=1)), target) if len(mine) >= 2 and target.on == MEAN else None
+        if len(mine) >= 2:
+            out[position] = expected_trials(float(mine.std(ddof=1)), target)
     return out
 
 
@@ -157,20 +155,23 @@ def cost_text(specs, settings, options, num_layers: int, folder, target: Target,
     lines = [estimate.header(rate, note), estimate.cost_table(pilot, [by_id[s.trial_id] for s in pilot], rate),
              estimate.summary_line(f"pilot stage ({len(pilot) - len(first)} of {len(pilot)} done)", first, rate),
              estimate.summary_line("stage 2 at most (every condition to --max-trials)", rest, rate, started=bool(first))]
-    _, table, frame, line = stage_two(specs, stored, target)
+    second, table, frame, line = stage_two(specs, stored, target)
+    planned = [by_id[s.trial_id] for s in second if s.trial_id not in done]  # pilots in: N known
     expected = expected_counts(table, frame, line, target)
-    known = {p: n for p, n in expected.items() if n is not None}
-    if table.empty or not known:
-        lines.append("stage 2 expected: not known before the pilot (no earlier values of these conditions in the store)")
-        return "\n".join(lines)
-    mean_flops = float(np.mean(list(by_id.values())))
-    more = sum(max(0.0, n - target.pilot) for n in known.values())
-    extra = [mean_flops] * int(round(more))
+    waiting = int((table["state"] == PILOT).sum()) if len(table) else 0
+    if waiting > len(expected):
+        lines.append(f"stage 2 expected: not known for {waiting - len(expected)} of {len(table)} conditions until "
+                     "their pilots are in (no earlier values of them in the store)")
+        if not planned and not expected:
+            return "\n".join(lines)
+    mean_flops = float(np.mean(flops))
+    extra = planned + [mean_flops] * int(round(sum(max(0.0, n - target.pilot) for n in expected.values())))
     total = two_stage_seconds(first, extra, rate)
     hours = estimate.device_hours(first + extra, rate)
-    lines.append(f"stage 2 expected: {more:.0f} more trials (from the pilot rows or earlier values of {len(known)} of "
-                 f"{len(table)} conditions); both stages {estimate.hours(total)} wall, {hours:.2f} "
-                 f"{'GPU' if rate.gpu else 'core'}-hours")
+    sources = [f"{len(planned)} planned from the pilots that are in" if planned else "",
+               f"{len(extra) - len(planned)} expected from earlier values of {len(expected)} conditions" if expected else ""]
+    lines.append(f"stage 2 expected: {len(extra)} more trials ({'; '.join(filter(None, sources))}); both stages "
+                 f"{estimate.hours(total)} wall, {hours:.2f} {'GPU' if rate.gpu else 'core'}-hours")
     return "\n".join(lines)
 
 
