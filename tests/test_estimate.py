@@ -84,5 +84,6 @@ def test_a_dry_run_prints_each_trials_flops_and_the_cost_on_a_named_device(tiny_
     assert main([*argv, "--target-ci", "0.05", "--pilot-trials", "2", "--max-trials", "4"]) == 0
     out = capsys.readouterr().out
     assert "pilot stage (0 of 4 done): 4 trials" in out and "stage 2 at most (every condition to --max-trials): 4 trials" in out
-    assert "stage 2 expected: not known before the pilot" in out and "core-hours" in out
+    assert "stage 2 expected: not known for 2 of 2 conditions until their pilots are in" in out
+    assert "core-hours" in out
     assert not any(tmp_path.iterdir()), "a dry run writes nothing"
