@@ -199,7 +199,8 @@ def paired_differences(rows: pd.DataFrame) -> pd.DataFrame:
     outcomes, lines = stein_outcomes(rows)
     ok = rows[(rows["status"] == "ok") & rows["dev_metric"].notna()]
     full = full_model_rows(ok)
-    picked = ok[ok["experiment"].isin(FINETUNE_EXPERIMENTS) & ~_full_model_mask(ok)].assign(_line=lines)
+    picked = ok[ok["experiment"].isin(FINETUNE_EXPERIMENTS) & ~_full_model_mask(ok)]
+    picked = picked.assign(_line=lines.loc[picked.index])  # (a whole Series would give an empty frame its rows)
     if full.empty or picked.empty:
         return pd.DataFrame(columns=columns)
     on = [*computation_columns(full), *[c for c in PAIR_COLUMNS if c in full.columns]]
