@@ -15,9 +15,9 @@ from sweep.options import Limits, Option, at_least, each, known_task, non_negati
 from sweep.grid import TrialSpec, data_key
 from sweep.estimate import DEVICES
 from sweep.packs import parse_pack
-from sweep.precision import DEFAULT_MAX_TRIALS, DEFAULT_PILOT, MEAN, PAIRED
+from sweep.precision import (DEFAULT_MAX_TRIALS, DEFAULT_PILOT, MEAN, PAIRED, grid_settings, option_problems,
+                             precision_sweep)
 from sweep.runner import CHECKPOINT_EVERY
-from sweep import precision
 from sweep.status import main as status_main
 from sweep.status import record_plan
 from sweep.store import FINISHED, finished_trial_ids, parent, rows_dir, sweep_dir
@@ -367,7 +367,7 @@ def validate(settings: GridSettings, args, limits: Limits) -> list[str]:
         problems.append("--sizes: no subset size given; give --sizes or --fractions")
     check = EXPERIMENTS[args.experiment].problems
     problems += check(settings, limits) if check else []
-    problems += precision.option_problems(args, EXPERIMENTS[args.experiment])
+    problems += option_problems(args, EXPERIMENTS[args.experiment])
     # The folder as the user typed it: resolved, a path through a symbolic link would read as another one.
     problems += data_dir_problems(args.data_dir, [*settings.tasks, *(settings.intermediate_tasks or ())])
     return problems
@@ -525,11 +525,11 @@ def main(argv: list[str] | None = None) -> int:
         raw = {**load_raw_tasks(settings, [t for t in tasks if t not in (raw or {})]), **(raw or {})}
         settings = dataclasses.replace(
             settings, train_split_sizes=tuple((task, len(data.train)) for task, data in raw.items()))
-    specs = experiment.build(precision.grid_settings(settings, args), limits.num_layers, limits.num_heads)
+    specs = experiment.build(grid_settings(settings, args), limits.num_layers, limits.num_heads)
     name = args.name or args.experiment
     folder = rows_dir(args.storage, name)
     if args.target_ci is not None:  # two stages, planned by the driver
-        return precision.precision_sweep(specs, settings, args, argv, folder, limits.num_layers, raw)
+        return precision_sweep(specs, settings, args, argv, folder, limits.num_layers, raw)
     plan = experiment.plan_function() or plan_trials
     todo, planned, rerun_skips, table, note = plan(specs, folder, args, read=not args.dry_run)
     print(f"{args.experiment}: {settings.model} ({limits.num_layers} layers), storage {args.storage}/{name}")
