@@ -229,9 +229,20 @@ def local_data(settings, specs, raw=None) -> tuple[dict | None, str]:
     if settings.data_dir is None and any(t not in ("synthetic", *settings.sources) for s in specs for t in s.tasks):
         return None, "FLOPs from typical token lengths (a hub task: a dry run reads no hub data)"
     try:
-        return prepare_data(settings, specs, raw), "FLOPs from each trial's own subset and the dev split"
+        if settings.task_sources:  # the user's files: read as given
+            return prepare_data(settings, specs, raw), COUNTED
+        # Several dry runs in one process (the tests, a notebook) tokenize a built-in or local task once.
+        key = (settings.model, settings.data_dir, settings.max_length,
+               tuple(sorted({t for s in specs for t in s.tasks})), max(s.train_size for s in specs))
+        if key not in _TOKENIZED:
+            _TOKENIZED[key] = prepare_data(settings, specs, raw)
+        return _TOKENIZED[key], COUNTED
     except (OSError, ValueError, SystemExit) as err:
         return None, f"FLOPs from typical token lengths (the data could not be read: {err})"
+
+
+COUNTED = "FLOPs from each trial's own subset and the dev split"
+_TOKENIZED: dict = {}
 
 
 def spec_flops(specs, settings, num_layers: int, stored: pd.DataFrame | None = None, raw=None) -> tuple[list[float], str]:
