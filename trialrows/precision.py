@@ -207,7 +207,8 @@ def precision_outcomes(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.Series]:
         line.loc[index] = position
     table = pd.DataFrame.from_records(records, columns=[*by, *OUTCOME_COLUMNS]) if records else \
         pd.DataFrame(columns=[*by, *OUTCOME_COLUMNS])
-    return table, line
+    counts = ["pilot_trials", "max_trials", "needed", "trials", "values"]
+    return table.astype({c: "Int64" for c in counts}), line
 
 
 def precision_table(rows: pd.DataFrame) -> pd.DataFrame:
