@@ -10,9 +10,10 @@ own clock; trials are scheduled in grid order, each to the first free slot, afte
   typical lengths (`TYPICAL_TOKENS`), said so. A stored row of the same trial gives its FLOPs exactly.
 - Peak: the data sheets' dense bf16 peak for a GPU (`trainables.cost.GPU_PEAK_FLOPS`); for a CPU, the fp32
   matmul peak of one trial's threads, as a trial measures it (the store's rows' own, else measured now).
-- MFU: the model FLOPs (x pack size) of the store's finished rows on that kind of device over their wall
-  seconds, in all, over their median peak (the same model's rows when it has some), else `DEFAULT_MFU`. A GPU
-  row is read as its pack holding one whole device.
+- MFU: the model FLOPs (x pack size) of the finished rows on that kind of device over their wall seconds, in
+  all, over their median peak, else `DEFAULT_MFU`: in a dry run every sweep's rows under `--storage` (the same
+  model's when there are some), in `sweep status` the running sweep's own. A GPU row is read as its pack
+  holding one whole device.
 - Slots: on a CPU, the CPUs over `--cpus-per-trial` (this machine's, or the cluster's when Ray runs); on a GPU,
   one device's throughput (trials sharing it share it): wall time on one device, and its GPU-hours.
 """
@@ -147,7 +148,7 @@ def rate_for(device: str, rows: pd.DataFrame | None, model: str, cpus_per_trial:
         slots, share, peak = 1, 1.0, GPU_PEAK_FLOPS[key]
         where = f"{peak / 1e12:.0f} TFLOP/s, {key}'s data-sheet dense bf16 peak"
     if measured:
-        mfu, source = measured[0], f"MFU {measured[0]:.3f}, the median of the store's {measured[3]} on {device}"
+        mfu, source = measured[0], f"MFU {measured[0]:.3f}: the FLOPs over the wall seconds of the store's {measured[3]} on {device}"
     else:
         mfu = DEFAULT_MFU["cpu" if device == "cpu" else "gpu"]
         source = f"MFU {mfu:.2f}, the stated default (no finished row on {device} in the store)"
@@ -309,7 +310,7 @@ def header(rate: Rate, note: str) -> str:
 
 
 def stored_rows(folder) -> pd.DataFrame:
-    """Every row of the sweep's store (empty when there is none yet)."""
+    """Every row under `folder`: a sweep's rows, or a whole storage location's (empty when there is none)."""
     from sweep.store import filesystem
     from trialrows.read import read_results
 
@@ -326,10 +327,13 @@ def chosen_device(args) -> str:
 
 
 def dry_run_estimate(specs, settings, args, num_layers: int, folder, raw=None, stored=None) -> tuple[list[float], Rate, str]:
-    """(each spec's FLOPs, the rate on --estimate-for, how the FLOPs were counted) for a dry run."""
+    """(each spec's FLOPs, the rate on --estimate-for, how the FLOPs were counted) for a dry run: FLOPs known
+    from the sweep's own rows (`stored`), the rate measured by every sweep's rows under --storage."""
+    from sweep.store import location
+
     stored = stored_rows(folder) if stored is None else stored
     flops, note = spec_flops(specs, settings, num_layers, stored, raw)
-    rate = rate_for(chosen_device(args), stored, settings.model, args.cpus_per_trial)
+    rate = rate_for(chosen_device(args), stored_rows(location(args.storage)), settings.model, args.cpus_per_trial)
     return flops, rate, note
 
 

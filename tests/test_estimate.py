@@ -47,7 +47,7 @@ def test_mfu_comes_from_the_stores_finished_rows_on_that_device():
     assert measured_mfu(rows, "h100", "a")[0] == pytest.approx(4e14 / (10 * 989e12))
     assert measured_mfu(rows, "a100", "a") is None
     rate = rate_for("cpu", rows, "a", cpus_per_trial=1, cpus=2)
-    assert (rate.mfu, rate.peak, rate.slots) == (pytest.approx(0.2), 1e11, 2) and "median" in rate.source
+    assert (rate.mfu, rate.peak, rate.slots) == (pytest.approx(0.2), 1e11, 2) and "over the wall seconds" in rate.source
     # Three trials ran 0-100 s, 50-150 s, 60-160 s: three at once at 60-100 s; a fourth began as the first ended.
     spans = pd.DataFrame({"finished_at": ["2026-11-24T00:01:40+0000", "2026-11-24T00:02:30+0000",
                                           "2026-11-24T00:02:40+0000"], "wall_seconds": [100.0, 100.0, 100.0]})
