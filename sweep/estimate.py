@@ -148,7 +148,8 @@ def rate_for(device: str, rows: pd.DataFrame | None, model: str, cpus_per_trial:
         slots, share, peak = 1, 1.0, GPU_PEAK_FLOPS[key]
         where = f"{peak / 1e12:.0f} TFLOP/s, {key}'s data-sheet dense bf16 peak"
     if measured:
-        mfu, source = measured[0], f"MFU {measured[0]:.3f}: the FLOPs over the wall seconds of the store's {measured[3]} on {device}"
+        mfu = measured[0]
+        source = f"MFU {mfu:.3f}: the FLOPs over the wall seconds of the store's {measured[3]} on {device}"
     else:
         mfu = DEFAULT_MFU["cpu" if device == "cpu" else "gpu"]
         source = f"MFU {mfu:.2f}, the stated default (no finished row on {device} in the store)"
