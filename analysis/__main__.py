@@ -6,6 +6,7 @@ import sys
 from analysis.results import prepare, read_results
 from analysis.stats import condition_table
 from analysis.tables import mixed_settings_lines
+from trialrows.precision import precision_table, targeted
 
 
 def summary(args) -> int:
@@ -25,6 +26,9 @@ def summary(args) -> int:
         print(shown.to_string(index=False, float_format=lambda x: f"{x:.4f}"))
     for line in mixed_settings_lines(rows):
         print(f"\n{line}")
+    if targeted(rows):
+        print("\nprecision targets (Stein's two-stage procedure):")
+        print(precision_table(rows).to_string(index=False, na_rep="-", float_format=lambda x: f"{x:.4f}"))
     left = rows["status"].ne("ok").sum()
     if left:
         counts = rows["status"].value_counts()

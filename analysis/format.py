@@ -41,6 +41,9 @@ def readable(table: pd.DataFrame, two_std: bool = False) -> pd.DataFrame:
         return table.astype(str)
     table = table.copy()
     out = pd.DataFrame(index=table.index)
+    # The interval goes beside the spread it comes from: a condition's std, or a paired table's mean difference
+    # (which has no std column of its own), else beside the mean (a precision target's Stein interval).
+    anchor = next((c for c in ("std", "mean_difference", "mean") if c in table.columns), None)
     for column in table.columns:
         if column in _FOLDED:
             continue
@@ -63,9 +66,7 @@ def readable(table: pd.DataFrame, two_std: bool = False) -> pd.DataFrame:
             out[column] = series.map(lambda v: _number(v, 1))
         else:
             out[column] = series.map(lambda v: _number(v))
-        # The interval goes beside the spread it comes from: a condition's std, or a paired table's mean
-        # difference (which has no std column of its own).
-        if column == ("std" if "std" in table.columns else "mean_difference") and "ci95_low" in table.columns:
+        if column == anchor and "ci95_low" in table.columns:
             out["95% CI"] = [
                 "" if np.isnan(lo) else f"[{lo:.4f}, {hi:.4f}]" for lo, hi in zip(table["ci95_low"], table["ci95_high"])
             ]

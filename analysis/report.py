@@ -23,6 +23,7 @@ from analysis import format as fmt
 from analysis import search as S
 from analysis import tables as T
 from analysis.results import prepare, read_results, result_files
+from trialrows.precision import precision_table, targeted
 
 # PDF and PS figures embed their fonts as TrueType (Type 42), which journals and conference checkers accept,
 # instead of matplotlib's default Type 3 fonts (glyphs as drawing procedures), which publishers' checks refuse.
@@ -53,6 +54,16 @@ TABLES = (
                    "model of that index: mean paired difference (condition minus full model), its paired 95% "
                    "t-interval (n-1 df) and the two-sided Wilcoxon signed-rank p-value (scipy.stats.wilcoxon), "
                    "over the indices where both finished."),
+    TableSpec("precision", "Precision targets: the trials each condition took, and whether it reached W",
+              precision_table, "plain",
+              note="Conditions of precision-targeted sweeps (`--target-ci W`), by Stein's two-stage procedure: a "
+                   "pilot of n0 trials (`pilot_trials`), then N = max(n0, ceil((t s0 / W)^2)) in all (`needed`; t: "
+                   "Student's 97.5% quantile on n0-1 df, s0: the pilot's standard deviation), at most `max_trials`. "
+                   "The interval is the mean of the N values +- t s0 / sqrt(N): at most W wide on each side, with "
+                   "exactly 95% coverage for normally distributed values (`reached`); a condition stopped at "
+                   "`max_trials` or short of values (diverged trials) says so in `state`. `paired`: each trial "
+                   "index's difference against the full model of the same index, which runs the largest N of its "
+                   "conditions."),
     TableSpec("incremental", "Incremental reinitialization (Figure 2)", T.incremental_table,
               note="Layers 1..k pretrained, k+1..L reinitialized."),
     TableSpec("localized", "Localized reinitialization (Figure 3)", T.localized_table),
@@ -207,6 +218,10 @@ def _header(results, raw: pd.DataFrame, rows: pd.DataFrame) -> list[str]:
     lines += T.mixed_settings_lines(rows)
     lines.append("Intervals: 95% t-intervals with n-1 degrees of freedom (scipy.stats.t); ±2 std where the paper "
                  "used it (Figures 4, 6, 7, 8). A condition with one finished trial has a mean and no interval.")
+    if targeted(rows):
+        lines.append("Conditions of precision-targeted sweeps (--target-ci) have Stein's two-stage interval instead "
+                     "(mean of the N trials the procedure chose +- t_{n0-1} s0 / sqrt(N)), said so in their `note`; "
+                     "see the precision table.")
     return lines
 
 

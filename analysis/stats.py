@@ -12,7 +12,7 @@ from scipy import stats
 
 from trialrows.summaries import (  # noqa: F401
     DERIVED, LEADING_COLUMNS, NO_TRIAL, ONE_TRIAL, condition_columns, condition_table, describe, groupable,
-    implied_dropped, split_settings, summarize, t_interval,
+    implied_dropped, split_settings, stein_outcomes, summarize, t_interval, with_stein_intervals,
 )
 
 

@@ -20,7 +20,8 @@ from scipy import stats
 
 from analysis.results import CORE_COLUMNS, as_list
 from analysis.schema import settings
-from analysis.stats import condition_columns, condition_table, correlation, split_settings, summarize
+from analysis.stats import (condition_columns, condition_table, correlation, split_settings, stein_outcomes,
+                            summarize, with_stein_intervals)
 from trialrows.summaries import STATISTICS
 
 # Experiments this module knows, what keeps their conditions apart and which finetune with parts reset:
@@ -29,6 +30,12 @@ from trialrows.summaries import STATISTICS
 from trialrows.experiments import (  # noqa: E402,F401
     EXPERIMENT_COLUMNS, FINETUNE_EXPERIMENTS, GENERIC, KNOWN_EXPERIMENTS, RESET_COLUMNS, VIEWS,
 )
+# Which rows are the full model and what conditions pair with it on: shared with the sweep's precision targets.
+from trialrows.pairing import (  # noqa: E402,F401
+    FULL_MODEL_NEUTRAL, PAIR_COLUMNS, computation_columns, full_model_rows,
+)
+from trialrows.pairing import full_model_mask as _full_model_mask  # noqa: E402
+from trialrows.pairing import no_items as _no_items  # noqa: E402,F401
 
 TASK_ORDER = ["sst2", "qnli", "cola", "mnli", "qqp", "rte", "mrpc", "stsb", "wnli", "squad", "squad_v2", "synthetic"]
 TASK_NAMES = {
@@ -42,13 +49,6 @@ METRIC_NAMES = {
 }  # fmt: skip
 
 SUMMARY_COLUMNS = STATISTICS
-# Settings that change nothing when no layer, head or pooler is reset: every such row of one task, model,
-# size, training recipe and trial index is the same computation (the full model), whichever experiment or
-# reinit mode ran it.
-FULL_MODEL_NEUTRAL = ("experiment", "k", "reinit_layers", "reinit_mode", "keep_layernorm", "lr_multiplier",
-                      "layer", "head", "block_mode", "block_start", "block_size", "permutation",
-                      *(name for view in VIEWS.values() for name, _ in view.new_columns))
-PAIR_COLUMNS = ("trial_index", "subset_seed", "seed")  # what the conditions of one trial index share
 # Columns the tables make (never row settings), so figures do not split by them.
 MADE_COLUMNS = (*SUMMARY_COLUMNS, "block", "baseline", "delta", "direct", "source", "reference", "trials",
                 "mean_stop_epoch", "final_task", "weight_layer", "pairs", "mean_difference", "wilcoxon_p")
@@ -122,42 +122,6 @@ def num_layers(rows: pd.DataFrame) -> dict:
     return out
 
 
-def _full_model_mask(rows: pd.DataFrame) -> pd.Series:
-    """Rows that finetune the whole pretrained model with nothing reset or reordered."""
-    mask = rows["experiment"].isin(FINETUNE_EXPERIMENTS) & rows["reinit_layers"].map(_no_items)
-    for column in RESET_COLUMNS:  # a head or block reset where this column is set
-        if column in rows.columns:
-            mask &= rows[column].isna()
-    if "permutation" in rows.columns:
-        mask &= rows["permutation"].map(_no_items)
-    if "reinit_pooler" in rows.columns:
-        mask &= ~rows["reinit_pooler"].astype(object).where(rows["reinit_pooler"].notna(), False).astype(bool)
-    return mask
-
-
-def _no_items(value) -> bool:
-    """An empty or null list cell."""
-    return len(value) == 0 if hasattr(value, "__len__") else True
-
-
-def full_model_rows(rows: pd.DataFrame) -> pd.DataFrame:
-    """The full-model rows, each computation once: rows of the same recipe and trial index that differ only
-    in `FULL_MODEL_NEUTRAL` (incremental k = L under both reinit modes, the heads baseline, ...) are one
-    trial; the incremental grid's row is the one kept."""
-    full = rows[_full_model_mask(rows)]
-    if full.empty:
-        return full
-    key = [*computation_columns(full), *[c for c in PAIR_COLUMNS if c in full.columns]]
-    first = full.assign(_incremental=full["experiment"] != "incremental").sort_values("_incremental", kind="stable")
-    kept = first.drop_duplicates(key, keep="first").index.sort_values()
-    return full.loc[kept]
-
-
-def computation_columns(rows: pd.DataFrame) -> list[str]:
-    """The settings that define a full-model computation (every setting but `FULL_MODEL_NEUTRAL`)."""
-    return [c for c in settings(rows.columns) if c not in FULL_MODEL_NEUTRAL]
-
-
 # --- the tables ---------------------------------------------------------------------------------------
 
 
@@ -226,14 +190,17 @@ def paired_differences(rows: pd.DataFrame) -> pd.DataFrame:
     """Every condition of the finetuning experiments against the full model, trial index by trial index
     (each index trains every condition on the same subset, with the same seeds): the mean paired difference
     (condition minus full model), its paired 95% t-interval (n-1 df) and the two-sided Wilcoxon signed-rank
-    p-value (scipy.stats.wilcoxon), over the indices where both finished."""
+    p-value (scipy.stats.wilcoxon), over the indices where both finished. A condition a sweep targeted on its
+    paired difference (`--target-on paired`) gets Stein's interval over the indices the procedure chose."""
     columns = ["experiment", "task", "model", "train_size", "pairs", "mean_difference", "ci95_low", "ci95_high",
                "wilcoxon_p", "note"]
     if rows.empty or "reinit_layers" not in rows.columns:
         return pd.DataFrame(columns=columns)
+    outcomes, lines = stein_outcomes(rows)
     ok = rows[(rows["status"] == "ok") & rows["dev_metric"].notna()]
     full = full_model_rows(ok)
     picked = ok[ok["experiment"].isin(FINETUNE_EXPERIMENTS) & ~_full_model_mask(ok)]
+    picked = picked.assign(_line=lines.loc[picked.index])  # (a whole Series would give an empty frame its rows)
     if full.empty or picked.empty:
         return pd.DataFrame(columns=columns)
     on = [*computation_columns(full), *[c for c in PAIR_COLUMNS if c in full.columns]]
@@ -243,13 +210,15 @@ def paired_differences(rows: pd.DataFrame) -> pd.DataFrame:
     pairs["_difference"] = pairs["dev_metric"] - pairs["_full"]
     records = []
     for experiment, part in pairs.groupby("experiment", sort=False):
-        own = condition_columns(part.drop(columns=["_full", "_difference"]))
+        own = condition_columns(part.drop(columns=["_full", "_difference", "_line"]))
         by = [*dict.fromkeys([*own, *EXPERIMENT_COLUMNS.get(experiment, [])])]
         by = [c for c in by if c in part.columns and c != "metric_name"] + ["metric_name"]
-        for key, group in part[[*by, "_difference"]].groupby(by, dropna=False, sort=False):
-            records.append({**dict(zip(by, key)), "_differences": group["_difference"].dropna().to_numpy(float)})
+        for key, group in part[[*by, "_difference", "_line"]].groupby(by, dropna=False, sort=False):
+            records.append({**dict(zip(by, key)), "_differences": group["_difference"].dropna().to_numpy(float),
+                            "_first": group["_line"].min(), "_last": group["_line"].max()})
     table = pd.DataFrame.from_records(records)
     table = pd.concat([table.drop(columns="_differences"), _paired(table["_differences"])], axis=1)
+    table = with_stein_intervals(table, outcomes, "pairs", "mean_difference", on="paired")
     order = [c for c in table.columns if c not in columns[4:]] + columns[4:]
     return _sort(table[order], [c for c in order if c not in columns[4:]])
 

@@ -22,6 +22,7 @@ from sweep.experiments import EXPERIMENTS, GridSettings, trial_word
 from sweep.fingerprints import reconcile, stored_fingerprints, with_fingerprints
 from sweep.grid import TrialSpec, data_key
 from sweep.lock import sweep_lock
+from sweep.precision import grid_settings, option_problems, precision_sweep
 from sweep.status import main as status_main
 from sweep.status import record_plan
 from sweep.store import FINISHED, finished_trial_ids, parent, rows_dir, sweep_dir
@@ -171,8 +172,9 @@ def task_file_problems(sweep: Sweep) -> list[str]:
 
 
 def estimated_trials(sweep: Sweep, limits: Limits) -> int:
-    """The grid's size without listing it: its cells times the trials one cell holds."""
-    grid = sweep.grid
+    """The grid's size without listing it: its cells times the trials one cell holds (with a precision
+    target: --max-trials each)."""
+    grid = grid_settings(sweep.grid, sweep)
     sizes = {task: grid.sizes_for(task) for task in grid.tasks}
     cells = sum(grid.trials_for(size) for task in grid.tasks for size in sizes[task] if (task, size) not in grid.skip)
     if not cells:
@@ -192,6 +194,7 @@ def validate(sweep: Sweep, limits: Limits) -> list[str]:
         problems.append("--sizes: no subset size given; give --sizes or --fractions")
     check = EXPERIMENTS[sweep.experiment].problems
     problems += check(grid, limits) if check else []
+    problems += option_problems(sweep, EXPERIMENTS[sweep.experiment])
     # The folder as the user typed it: resolved, a path through a symbolic link would read as another one.
     problems += data_dir_problems(grid.data_dir, [*grid.tasks, *(grid.intermediate_tasks or ())])
     problems += logger_problems(sweep.run.logger)
@@ -500,7 +503,7 @@ def plan(sweep: Sweep, dry_run: bool) -> Planned:
         raw = {**load_raw_tasks(grid, [t for t in tasks if t not in raw]), **raw}
         grid = with_fingerprints(grid, {t: raw[t] for t in tasks}, pretrained)
         sweep = dataclasses.replace(sweep, grid=grid)
-    specs = experiment.build(grid, limits.num_layers, limits.num_heads)
+    specs = experiment.build(grid_settings(grid, sweep), limits.num_layers, limits.num_heads)
     folder = rows_dir(sweep.run.storage, sweep.name)
     lines = []
     if not dry_run:
@@ -543,12 +546,18 @@ def planned_and_run(sweep: Sweep, argv, callbacks, dry_run: bool):
 
     planned, sweep, limits = plan(sweep, dry_run)
     folder = rows_dir(sweep.run.storage, sweep.name)
+    if sweep.run.target_ci is not None:  # two stages, planned by the driver
+        return precision_sweep(planned, sweep, argv, folder, limits.num_layers, callbacks)
     print(f"{sweep.experiment}: {sweep.grid.model} ({limits.num_layers} layers), storage {sweep.run.storage}/{sweep.name}")
     print(describe_settings(sweep, planned.specs))
     print(describe_grid(planned.specs))
     if planned.note:
         print(planned.note)
     if dry_run:
+        if EXPERIMENTS[sweep.experiment].runner is None:  # finetuning trials: what trainables.cost counts
+            from sweep.estimate import estimate_text
+
+            print(estimate_text(planned.specs, sweep.grid, sweep, limits.num_layers, folder, planned.raw))
         return pd.DataFrame(planned.rows), None, 0
     try:
         record_plan(sweep_dir(sweep.run.storage, sweep.name), argv or ["--config", str(config_path(sweep))],
@@ -599,6 +608,22 @@ def quiet_ray_logs() -> None:
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
 
 
+def start_ray(address: str | None) -> None:
+    """Start a local Ray, or join the cluster at `address`; raises Refused with the one line that says why not."""
+    import ray
+
+    print(f"starting Ray ({'at ' + address if address else 'on this machine'})", flush=True)
+    quiet_ray_logs()
+    # Trials find tasks and weights in the object store, so workers need no path of the driver's.
+    try:
+        ray.init(address=address, include_dashboard=False, configure_logging=False,
+                 runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+    except ConnectionError as err:  # no cluster (`--address auto` with none running), or a token refused
+        from sweep.checks import connection_problem
+
+        raise Refused([connection_problem(address, err)]) from None
+
+
 def run(todo: list[TrialSpec], settings: GridSettings, options: Sweep, folder: Path, pretrained, raw: dict | None = None,
         callbacks=()):
     """Start (or join) Ray, tokenize, and hand the trials to the experiment's runner; returns what it returns."""
@@ -607,16 +632,7 @@ def run(todo: list[TrialSpec], settings: GridSettings, options: Sweep, folder: P
     run_settings = options.run
     owns_ray = not ray.is_initialized()
     if owns_ray:
-        print(f"starting Ray ({'at ' + run_settings.address if run_settings.address else 'on this machine'})", flush=True)
-        quiet_ray_logs()
-        # Trials find tasks and weights in the object store, so workers need no path of the driver's.
-        try:
-            ray.init(address=run_settings.address, include_dashboard=False, configure_logging=False,
-                     runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
-        except ConnectionError as err:  # no cluster (`--address auto` with none running), or a token refused
-            from sweep.checks import connection_problem
-
-            raise Refused([connection_problem(run_settings.address, err)]) from None
+        start_ray(run_settings.address)
     try:
         problems = gpu_problems(run_settings.gpus_per_trial, ray.cluster_resources())
         if problems:

@@ -17,10 +17,14 @@ from pathlib import Path
 
 from sweep.experiments import EXPERIMENTS, GRID, TASK_FILE_DEFAULTS, GridSettings
 from sweep.packs import parse_pack
-from trialrows.declare import Option, declared, positive, setting
+from sweep.estimate import DEVICES
+from sweep.precision import DEFAULT_MAX_TRIALS, DEFAULT_PILOT
+from trialrows.declare import Option, at_least, declared, positive, setting
+from trialrows.precision import MEAN, PAIRED
 from trialrows.recipe import default_max_length, resolve_precision
 
 RUN_GROUP = "running"
+PRECISION_GROUP = "precision targets (Stein's two-stage procedure: a pilot per condition, then the count it needs)"
 CONFIG_FILE = "sweep.yaml"  # the resolved config each sweep writes beside its rows
 LOGGERS = ("wandb", "mlflow")
 # Seconds between two epoch-end checkpoints of a trial. A BERT-base checkpoint (weights and Adam moments,
@@ -128,6 +132,23 @@ class RunSettings:
                                       "default a file store beside the rows: <storage>/<name>/mlruns), through Ray "
                                       "Tune's own logger callbacks", choices=LOGGERS, bad=("tensorboard",),
                                       group=RUN_GROUP)
+    estimate_for: str | None = setting(None, "the device a dry run's cost estimate is for: wall time and GPU-hours "
+                                       "(core-hours on a CPU) from each trial's FLOPs, the device's peak and the "
+                                       "store's measured MFU (default: cpu, or a100 with --gpus-per-trial)",
+                                       choices=DEVICES, bad=("tpu",), group=RUN_GROUP)
+    # How many trials a condition gets (sweep.precision): row columns, never part of a trial's id.
+    target_ci: float | None = setting(None, "run each condition until its 95%% interval has at most this half-width "
+                                      "W (replaces --trials): a pilot of --pilot-trials, then as many trials as "
+                                      "its spread needs", metavar="W", check=positive, bad=("0",),
+                                      group=PRECISION_GROUP)
+    target_on: str | None = setting(None, "mean: each condition's mean; paired: its difference against the full "
+                                    "model on the same trial indices (default mean)", choices=(MEAN, PAIRED),
+                                    bad=("median",), group=PRECISION_GROUP)
+    pilot_trials: int | None = setting(None, f"n0: pilot trials per condition, at least 2 (default {DEFAULT_PILOT})",
+                                       metavar="N0", check=at_least(2), bad=("1",), group=PRECISION_GROUP)
+    max_trials: int | None = setting(None, "the most trials of a condition; one stopped here says so (default "
+                                     f"{DEFAULT_MAX_TRIALS})", metavar="N", check=at_least(2), bad=("1",),
+                                     group=PRECISION_GROUP)
 
 
 RUN = declared(RunSettings)
@@ -186,6 +207,7 @@ class Sweep:
     preset: str = "demo"
     filled: tuple[str, ...] = ()  # the settings the preset filled in
     dropped: tuple[str, ...] = ()  # the demo's picks left out (the user named what to run on)
+    given: tuple[str, ...] = ()  # the settings the user gave (the rest: preset or declared default)
 
     def __getattr__(self, name: str):
         """Any setting by name (a runner reads `options.max_failures`, `options.num_samples`)."""
@@ -208,6 +230,8 @@ class Sweep:
         for option in options_of(self.experiment):
             if option.saved:
                 written[option.name] = option.written(self.value(option))
+        if self.run.target_ci is not None:
+            written.pop("trials", None)  # the target sets each condition's count; a file that fixed it is refused
         written["name"] = self.name
         if "://" not in self.run.storage:  # a relative folder would be another one from another directory
             written["storage"] = str(Path(self.run.storage).expanduser().resolve())
@@ -257,7 +281,7 @@ def resolve(experiment: str, given: dict, preset: str | None = None) -> Sweep:
     own = tuple((o.name, values[o.name]) for o in EXPERIMENTS[experiment].options)
     grid = GridSettings(**{o.name: values[o.name] for o in GRID}, own=own)
     run = RunSettings(**{o.name: values[o.name] for o in RUN})
-    return Sweep(experiment, grid, run, preset, tuple(n for n in fill if n in options), dropped)
+    return Sweep(experiment, grid, run, preset, tuple(n for n in fill if n in options), dropped, tuple(read))
 
 
 def unknown_settings(experiment: str, given) -> list[str]:

@@ -39,6 +39,8 @@ class TrialSpec(Recipe):
     # Fields its rows carry even where unset (sequential's intermediate_task: null is direct finetuning);
     # implied by the experiment, so no identity.
     row_fields: tuple[str, ...] = ()
+    # How the sweep planned it (a precision target: target_ci, ...): row columns only, so no identity.
+    plan_columns: tuple[tuple[str, object], ...] = ()
 
     def identity(self) -> dict:
         """Every field that changes what the trial computes; two specs with the same identity are the same
@@ -87,6 +89,7 @@ class TrialSpec(Recipe):
                        model_fingerprint=self.model_fingerprint)
         row.update((name, getattr(self, name)) for name in self.row_fields)
         row.update((key, list(v) if isinstance(v, tuple) else v) for key, v in self.own_columns)
+        row.update(self.plan_columns)
         return row
 
     def to_config(self) -> dict:
@@ -120,9 +123,9 @@ class TrialSpec(Recipe):
 
 
 OPTIONAL_IDENTITY = ("lr_multiplier", "intermediate_task", "own_columns", "data_fingerprint", "model_fingerprint")
-# The ablation joins as its dict; row_fields only shows fields; the recipe's settings that change no number
-# (eval_every) are declared so there.
-NOT_IDENTITY = ("ablation", "row_fields", *RECIPE_NOT_IDENTITY)
+# The ablation joins as its dict; row_fields only shows fields; plan_columns say how a sweep chose the trial, not
+# what it computes; the recipe's settings that change no number (eval_every) are declared so there.
+NOT_IDENTITY = ("ablation", "row_fields", "plan_columns", *RECIPE_NOT_IDENTITY)
 
 
 def data_key(task: str, max_length: int) -> str:

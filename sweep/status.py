@@ -18,8 +18,10 @@ import shlex
 import pandas as pd
 import pyarrow.fs
 
+from sweep.estimate import remaining_line
 from sweep.lock import LOCK, read_lock
 from sweep.store import filesystem, join, location, rows_dir, sweep_dir
+from trialrows.precision import PILOT, precision_table
 from trialrows.read import quarantine_file
 
 PLANS = "plans"
@@ -145,6 +147,8 @@ def status(storage: str, name: str) -> str:
         f"{sweep}: {len(trials)} trials; {tally(trials['state'], states(trials))}",
         cell_counts(trials).to_string(index=False),
         rerun_line(plans, trials),
+        *precision_lines(trials, stored),
+        remaining_line(trials, stored, NOT_RUN),
     ]
     unchecked = unfingerprinted(stored)
     if unchecked:
@@ -164,6 +168,29 @@ def unfingerprinted(stored: pd.DataFrame) -> int:
     missing = [stored[c].isna() if c in stored.columns else pd.Series(True, index=stored.index)
                for c in ("data_fingerprint", "model_fingerprint")]
     return int((missing[0] & missing[1]).sum())
+
+
+def precision_lines(trials: pd.DataFrame, stored: pd.DataFrame) -> list[str]:
+    """For a precision-targeted sweep (--target-ci): per condition, the trials it needs and has, and whether
+    its interval reached W (trialrows.precision), from the planned trials and the rows landed so far."""
+    from trialrows.precision import targeted
+
+    if not targeted(trials):
+        return []
+    results = [c for c in ("dev_metric", "finished_at") if c in stored.columns]
+    frame = trials.drop(columns=["state", *[c for c in results if c in trials.columns]])
+    frame = frame.merge(stored[["trial_id", *results]].drop_duplicates("trial_id"), on="trial_id", how="left")
+    table = precision_table(frame)
+    keep = [c for c in cell_columns(trials) if c in table.columns]
+    shown = table[[*keep, "target_on", "target_ci", "needed", "trials", "half_width", "state", "note"]]
+    lines = ["precision targets (Stein's two-stage procedure; needed: N from each pilot's spread, once it is in):",
+             shown.to_string(index=False, na_rep="-", float_format=lambda x: f"{x:.4f}")]
+    piloting = table[table["state"] == PILOT]
+    if len(piloting):
+        most = int((piloting["max_trials"] - piloting["pilot_trials"]).sum())
+        lines.append(f"stage 2 of {len(piloting)} conditions is planned once their pilots are in: at most {most} "
+                     "more trials, not counted below")
+    return lines
 
 
 def is_dir(where) -> bool:

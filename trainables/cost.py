@@ -65,6 +65,17 @@ def cost_fields(flops: float, seconds: float, device: torch.device) -> dict:
     }
 
 
+def cpu_matmul_flops(threads: int) -> float:
+    """This CPU's fp32 matmul peak on `threads` threads: what a trial given that many CPUs measures as its peak
+    (for estimates made outside a trial)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(1, int(threads)))
+    try:
+        return _measured_cpu_matmul_flops()
+    finally:
+        torch.set_num_threads(before)
+
+
 def _measured_cpu_matmul_flops(n: int = 512, repeats: int = 8) -> float:
     # CPUs have no datasheet figure we can trust across machines: the best fp32 matmul rate this process
     # reaches with its thread count is the practical ceiling.

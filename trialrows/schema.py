@@ -134,6 +134,12 @@ COLUMNS: tuple[tuple[str, pa.DataType, str], ...] = (
     ("task_file", _STR, RESULT),
     # How it ran: changes no number.
     *_recipe_columns(identity=False),  # eval_every
+    # How its sweep planned it: a precision target (trialrows.precision.PLAN_COLUMNS). Never a setting: trial
+    # index i is the same trial whatever the target, so a fixed-count and a targeted sweep share their rows.
+    ("target_ci", _FLOAT, RESULT),
+    ("target_on", _STR, RESULT),
+    ("pilot_trials", _INT, RESULT),
+    ("max_trials", _INT, RESULT),
     ("pack_size", _INT, RESULT),
     ("pack_id", _STR, RESULT),
     ("train_seconds", _FLOAT, RESULT),

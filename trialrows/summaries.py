@@ -6,6 +6,9 @@ what the sweep prints when it ends and the analysis reports.
   and no interval, said so in `note`.
 - Only trials with status 'ok' enter a mean; diverged and failed trials are counted (`excluded`, and by
   kind in `diverged` and `failed`), never averaged.
+- A condition a precision-targeted sweep ran (`--target-ci` on its mean; trialrows.precision) gets the interval
+  whose coverage Stein's two-stage procedure guarantees, over the N trials the procedure chose: mean +-
+  t_{n0-1} s0 / sqrt(N), not the t-interval on N-1 degrees of freedom; its `note` says so.
 """
 from __future__ import annotations
 
@@ -75,10 +78,14 @@ def summarize(rows: pd.DataFrame, by: list[str], value: str = "dev_metric", conf
     values = pd.to_numeric(rows[value], errors="coerce")
     usable = (rows["status"] == "ok") & values.notna()
     # Only the columns the groups need: slicing ~100 columns per group is what made this slow.
-    frame = rows[by].assign(_value=values.where(usable), _left=~usable, _diverged=rows["status"] == "diverged")
+    # A precision target is on the headline metric (not on a weight distance or a per-permutation mean).
+    outcomes, lines = stein_outcomes(rows) if value == "dev_metric" else (None, pd.Series(-1, index=rows.index))
+    frame = rows[by].assign(_value=values.where(usable), _left=~usable, _diverged=rows["status"] == "diverged",
+                            _line=lines)
     groups = frame.groupby(by, dropna=False, sort=False) if by else frame.groupby(np.zeros(len(frame)))
     table = groups.agg(n=("_value", "count"), mean=("_value", "mean"), std=("_value", "std"),
-                       excluded=("_left", "sum"), diverged=("_diverged", "sum"))
+                       excluded=("_left", "sum"), diverged=("_diverged", "sum"), _first=("_line", "min"),
+                       _last=("_line", "max"))
     table = (table.reset_index() if by else table.reset_index(drop=True))
     n = table["n"].to_numpy()
     half = stats.t.ppf((1 + confidence) / 2, np.maximum(n - 1, 1)) * table["std"].to_numpy() / np.sqrt(np.maximum(n, 1))
@@ -87,6 +94,7 @@ def summarize(rows: pd.DataFrame, by: list[str], value: str = "dev_metric", conf
     table["mean_minus_2std"], table["mean_plus_2std"] = table["mean"] - 2 * table["std"], table["mean"] + 2 * table["std"]
     table["failed"] = table["excluded"] - table["diverged"]
     table["note"] = np.where(n > 1, "", np.where(n == 1, ONE_TRIAL, NO_TRIAL))
+    table = with_stein_intervals(table, outcomes, "n", "mean")
     table = table.astype({"n": int, "excluded": int, "diverged": int, "failed": int})
     chance = chance_columns(rows, by, usable if value == "dev_metric" else None)
     table = table.merge(chance, on=by, how="left") if by else pd.concat([table, chance], axis=1)
@@ -109,6 +117,37 @@ def chance_columns(rows: pd.DataFrame, by: list[str], usable: pd.Series | None) 
     table = table.reset_index() if by else table.reset_index(drop=True)
     table["at_chance"] = table["at_chance"].astype(float).where(table["chance"].notna())  # unknown, not 0
     return table
+
+
+def stein_outcomes(rows: pd.DataFrame) -> tuple[pd.DataFrame | None, pd.Series]:
+    """(the precision-targeted conditions' outcomes, each row's line in it: -1 for none); (None, all -1) for
+    rows no precision-targeted sweep wrote (trialrows.precision.precision_outcomes)."""
+    from trialrows.precision import precision_outcomes, targeted
+
+    if not targeted(rows):
+        return None, pd.Series(-1, index=rows.index)
+    return precision_outcomes(rows)
+
+
+def with_stein_intervals(table: pd.DataFrame, outcomes: pd.DataFrame | None, n: str, mean: str, on: str = "mean"):
+    """`table` (with the `_first`, `_last` precision lines of each group's rows) with Stein's interval, count
+    and mean where a group is exactly one precision-targeted condition (on `on`) whose trials have all
+    finished; the helper columns dropped."""
+    from trialrows.precision import PILOT, REFERENCE, STAGE_TWO
+
+    one = (table["_first"] == table["_last"]) & (table["_first"] >= 0)
+    table = table.drop(columns=["_first", "_last"]).assign(_line=table["_first"].where(one, -1))
+    if outcomes is None or not one.any():
+        return table.drop(columns="_line")
+    done = outcomes[(outcomes["target_on"] == on) & ~outcomes["state"].isin([PILOT, STAGE_TWO, REFERENCE])]
+    picked = table["_line"].isin(done.index)
+    found = done.loc[table.loc[picked, "_line"]]
+    table = table.astype({n: float}) if picked.any() else table
+    for mine, theirs in ((n, "values"), (mean, "mean"), ("ci95_low", "ci95_low"), ("ci95_high", "ci95_high")):
+        table.loc[picked, mine] = found[theirs].to_numpy(float)
+    table.loc[picked, "note"] = [f"Stein two-stage interval (n0 {int(r.pilot_trials)}, W {r.target_ci:g}): {r.state}"
+                                 + (f"; {r.note}" if r.note else "") for r in found.itertuples()]
+    return table.drop(columns="_line")
 
 
 def _sorted(table: pd.DataFrame, by: list[str]) -> pd.DataFrame:

@@ -1,0 +1,407 @@
+"""What a sweep will cost before it runs, and what a running one has left.
+
+A trial's time is its model FLOPs (counted as `trainables.cost` counts them in every trial) over a device's
+peak times a model-FLOPs utilisation (MFU) measured over the wall clock, plus a little work outside the trial's
+own clock; trials are scheduled in grid order, each to the first free slot, after the sweep's start.
+
+- FLOPs: each trial's own, from the token lengths of its subset and of the dev split, tokenized as the sweep
+  tokenizes them (from `datasets`' cache after the first time), when the task's data is at hand (a local
+  folder, the synthetic task, a task file); a hub task in a dry run (nothing is downloaded) is counted from
+  typical lengths (`TYPICAL_TOKENS`), said so. A stored row of the same trial gives its FLOPs exactly.
+- Peak: the data sheets' dense bf16 peak for a GPU (`trainables.cost.GPU_PEAK_FLOPS`); for a CPU, the fp32
+  matmul peak of one trial's threads, as a trial measures it (the store's rows' own, else measured now).
+- MFU: the model FLOPs (x pack size) of the finished rows on that kind of device over their wall seconds, in
+  all, over their median peak, else `DEFAULT_MFU`: in a dry run every sweep's rows under `--storage` (the same
+  model's when there are some), in `sweep status` the running sweep's own. A GPU row is read as its pack
+  holding one whole device.
+- Slots: on a CPU, the CPUs over `--cpus-per-trial` (this machine's, or the cluster's when Ray runs); on a GPU,
+  one device's throughput (trials sharing it share it): wall time on one device, and its GPU-hours.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import heapq
+import os
+
+import numpy as np
+import pandas as pd
+
+# --estimate-for: a CPU (this machine's kind) or a GPU of the data sheets.
+DEVICES = ("cpu", "a10g", "a100", "h100", "h200", "l4", "l40s", "t4", "v100")
+# MFU over the wall clock when the store has no finished row on that kind of device. CPU: this 2-core VM's
+# MiniLM trials on real SST-2 and CoLA (docs/benchmarks.md, "Precision targets and cost estimates"). GPU: not
+# measured in this project (no GPU was lent); BERT finetuning at batch 8 on short, unpadded sentences is bound
+# by kernel launches more than by FLOPs, so an assumption of 5%, replaced by a GPU sweep's own rows.
+DEFAULT_MFU = {"cpu": 0.33, "gpu": 0.05}
+# Seconds once per sweep (Ray's start, loading and tokenizing the tasks, loading the weights) and per trial
+# outside its own clock (its Ray actor, its row), on this VM (docs/benchmarks.md); a second stage of a
+# precision-targeted sweep starts its Tune run again (Ray stays up).
+STARTUP_SECONDS, TRIAL_OVERHEAD_SECONDS, STAGE_SECONDS = 25.0, 2.0, 8.0
+# Tokens per example (mean, mean of squares) of the train and dev splits of tasks counted without their data (a
+# hub task in a dry run): measured with the BERT uncased vocabulary on the GLUE files here (QNLI's train split is
+# not here: its dev split's figures); any other task: DEFAULT_TOKENS.
+TYPICAL_TOKENS = {"sst2": ((13.3, 269.0), (25.5, 764.0)), "cola": ((11.3, 145.0), (11.7, 159.0)),
+                  "qnli": ((51.0, 2947.0), (51.0, 2947.0))}
+DEFAULT_TOKENS = ((64.0, 64.0**2 * 1.25),) * 2
+DEV_SIZES = {"sst2": 872, "cola": 1043, "qnli": 5463, "rte": 277, "mrpc": 408, "stsb": 1500, "wnli": 71,
+             "squad_v2": 11873}  # GLUE's dev splits, for hub tasks counted without their data
+# Hidden sizes of the paper's hub models, whose config a dry run does not download (their layers and heads
+# are sweep.cli.KNOWN_SHAPES'); feed-forward layers are 4x as wide.
+KNOWN_HIDDEN = {"bert-base-uncased": 768, "bert-base-cased": 768, "bert-large-uncased": 1024}
+
+
+@dataclasses.dataclass(frozen=True)
+class Rate:
+    """How fast trials go on one kind of device."""
+
+    device: str  # a DEVICES name
+    peak: float  # FLOP/s of one slot
+    mfu: float  # model FLOPs per second of a trial's wall clock, over the peak
+    slots: int  # trials at once
+    source: str  # where the MFU comes from, for the printout
+    startup: float = STARTUP_SECONDS
+    overhead: float = TRIAL_OVERHEAD_SECONDS
+    share: float = 1.0  # CPUs of a slot (core-hours), or 1 device (GPU-hours)
+
+    def trial_seconds(self, flops: float) -> float:
+        return flops / (self.peak * self.mfu) + self.overhead
+
+    @property
+    def gpu(self) -> bool:
+        return self.device != "cpu"
+
+
+def schedule_seconds(durations, slots: int) -> float:
+    """Wall time of jobs run in the given order, each started on the first slot to come free."""
+    free = [0.0] * max(1, int(slots))
+    for duration in durations:
+        heapq.heapreplace(free, free[0] + float(duration))
+    return max(free)
+
+
+def sweep_seconds(flops, rate: Rate, started: bool = False) -> float:
+    """A sweep's wall time: its start (unless `started`), then its trials on the rate's slots."""
+    durations = [rate.trial_seconds(f) for f in flops]
+    if not durations:
+        return 0.0
+    return (0.0 if started else rate.startup) + schedule_seconds(durations, rate.slots)
+
+
+def device_hours(flops, rate: Rate) -> float:
+    """GPU-hours (on a GPU) or core-hours (on a CPU) the trials hold their devices for."""
+    return sum(rate.trial_seconds(f) for f in flops) * rate.share / 3600
+
+
+def device_kind(device) -> str | None:
+    """A row's `device` (torch's name for it) as a DEVICES name; None for a device not listed."""
+    if not isinstance(device, str):
+        return None
+    from trainables.cost import GPU_PEAK_FLOPS  # torch comes with it: `sweep status` needs it only here
+
+    if device == "cpu":
+        return "cpu"
+    for key in GPU_PEAK_FLOPS:  # the data sheets' order: H200 before H100, L40S before L4
+        if key.lower() in device.lower():
+            return key.lower() if key.lower() in DEVICES else None
+    return None
+
+
+def measured_mfu(rows: pd.DataFrame, device: str, model: str | None = None) -> tuple[float, float, int, str] | None:
+    """(MFU over the wall clock, the peak the rows measured, rows, which rows) from the store's finished rows on
+    `device`: the same model's when there are any, else every model's; None without such rows. MFU x peak is
+    their FLOPs over their wall seconds."""
+    needed = {"model_flops", "wall_seconds", "peak_flops", "device", "status"}
+    if rows is None or rows.empty or not needed <= set(rows.columns):
+        return None
+    pack = pd.to_numeric(rows["pack_size"], errors="coerce").fillna(1) if "pack_size" in rows else 1.0
+    flops, wall, peak = (pd.to_numeric(rows[c], errors="coerce") for c in ("model_flops", "wall_seconds", "peak_flops"))
+    usable = (rows["status"] == "ok") & (flops > 0) & (wall > 0) & (peak > 0) & \
+        (rows["device"].map(device_kind) == device)
+    if not usable.any():
+        return None
+    same = usable & (rows["model"] == model) if model is not None and "model" in rows else usable
+    picked, which = (same, f"{int(same.sum())} finished rows of {model}") if same.any() else \
+        (usable, f"{int(usable.sum())} finished rows of other models")
+    # Their FLOPs over their wall seconds in all (the rate that gives their total time back), over their peak:
+    # a CPU's peak, measured at each trial's start, moves with the machine's load, so MFU is not averaged.
+    rate = float((flops * pack)[picked].sum() / wall[picked].sum())
+    typical_peak = float(peak[picked].median())
+    return rate / typical_peak, typical_peak, int(picked.sum()), which
+
+
+def rate_for(device: str, rows: pd.DataFrame | None, model: str, cpus_per_trial: float, cpus: float | None = None) -> Rate:
+    """The rate of trials of `model` on `device`: MFU and (on a CPU) peak from the store's rows, else the
+    default MFU and the data sheet's or this CPU's measured peak."""
+    from trainables.cost import GPU_PEAK_FLOPS
+
+    measured = measured_mfu(rows, device, model)
+    threads = max(1, int(cpus_per_trial or 1))
+    if device == "cpu":
+        cpus = cpus or os.cpu_count() or 1
+        slots, share = max(1, int(cpus // max(cpus_per_trial or 1, 1e-9))), threads
+        peak = measured[1] if measured else cpu_peak(threads)
+        where = f"{peak / 1e9:.0f} GFLOP/s fp32 matmul peak of {threads} thread{'s' * (threads > 1)}, " + \
+                ("as the rows measured it" if measured else "measured here now")
+    else:
+        key = next(k for k in GPU_PEAK_FLOPS if k.lower() == device)
+        slots, share, peak = 1, 1.0, GPU_PEAK_FLOPS[key]
+        where = f"{peak / 1e12:.0f} TFLOP/s, {key}'s data-sheet dense bf16 peak"
+    if measured:
+        mfu = measured[0]
+        source = f"MFU {mfu:.3f}: the FLOPs over the wall seconds of the store's {measured[3]} on {device}"
+    else:
+        mfu = DEFAULT_MFU["cpu" if device == "cpu" else "gpu"]
+        source = f"MFU {mfu:.2f}, the stated default (no finished row on {device} in the store)"
+    return Rate(device, peak, mfu, slots, f"{where}; {source}", share=share)
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_peak(threads: int) -> float:
+    from trainables.cost import cpu_matmul_flops
+
+    return cpu_matmul_flops(threads)
+
+
+# --- FLOPs per trial ----------------------------------------------------------------------------------------
+
+
+def model_shape(model: str, num_layers: int, num_labels: int = 2) -> tuple[int, int, int]:
+    """(non-embedding parameters of the classifier, layers, hidden size), as `finetune` counts them: the
+    model built from its config on the meta device (no weights read); for a hub model a dry run does not
+    download, BERT's layout at its known size."""
+    return _model_shape(model, num_layers, num_labels)
+
+
+@functools.lru_cache(maxsize=None)
+def _model_shape(model: str, num_layers: int, num_labels: int) -> tuple[int, int, int]:
+    import torch
+    from transformers import AutoModelForSequenceClassification, BertConfig
+
+    from trainables.cost import non_embedding_params
+    from trainables.models import load_config
+
+    if model in KNOWN_HIDDEN:
+        hidden = KNOWN_HIDDEN[model]
+        config = BertConfig(hidden_size=hidden, num_hidden_layers=num_layers, num_attention_heads=hidden // 64,
+                            intermediate_size=4 * hidden)
+    else:
+        config = load_config(model)
+    config.num_labels = num_labels
+    with torch.device("meta"):
+        classifier = AutoModelForSequenceClassification.from_config(config)
+    return non_embedding_params(classifier), num_layers, int(config.hidden_size)
+
+
+def trial_flops(spec, data: dict | None, shape: tuple[int, int, int]) -> float:
+    """The model FLOPs a trial will count: its epochs over its subset's token lengths, each dev evaluation
+    (every `eval_every` epochs and after the last), and sequential finetuning's intermediate round.
+    `data`: the tokenized tasks by data key (sweep.cli.prepare_data), or None (typical lengths)."""
+    from sweep.grid import data_key
+    from trainables.cost import sequence_flops
+    from trainables.finetune import draw_rows
+
+    def train(task: str) -> float:
+        tokenized = (data or {}).get(data_key(task, spec.max_length))
+        if tokenized is None:
+            return spec.epochs * spec.train_size * _typical(task, shape, train=True)
+        lengths = tokenized.train.lengths[draw_rows(tokenized.train, spec.train_size, spec.subset_seed)]
+        return spec.epochs * sequence_flops(lengths, *shape, train=True)
+
+    evaluations = sum(epoch == spec.epochs or (spec.eval_every > 0 and epoch % spec.eval_every == 0)
+                      for epoch in range(1, spec.epochs + 1))  # as trainables.finetune.evaluated_at
+    tokenized = (data or {}).get(data_key(spec.task, spec.max_length))
+    dev = sequence_flops(tokenized.validation.lengths, *shape, train=False) if tokenized is not None else \
+        DEV_SIZES.get(spec.task, 1000) * _typical(spec.task, shape, train=False)
+    return train(spec.task) + evaluations * dev + (train(spec.intermediate_task) if spec.intermediate_task else 0.0)
+
+
+def _typical(task: str, shape: tuple[int, int, int], train: bool) -> float:
+    """FLOPs of one example of typical length (`TYPICAL_TOKENS`)."""
+    params, layers, hidden = shape
+    mean, square = TYPICAL_TOKENS.get(task, DEFAULT_TOKENS)[0 if train else 1]
+    return (2.0 * params * mean + 4.0 * layers * hidden * square) * (3.0 if train else 1.0)
+
+
+def local_data(settings, specs, raw=None) -> tuple[dict | None, str]:
+    """The tokenized tasks of `specs` when their data is at hand (not the hub: a dry run downloads nothing),
+    and a note of how FLOPs were counted."""
+    from sweep.cli import prepare_data
+
+    if settings.data_dir is None and any(t not in ("synthetic", *settings.sources) for s in specs for t in s.tasks):
+        return None, "FLOPs from typical token lengths (a hub task: a dry run reads no hub data)"
+    try:
+        if settings.task_files:  # the user's files: read as given
+            return prepare_data(settings, specs, raw), COUNTED
+        # Several dry runs in one process (the tests, a notebook) tokenize a built-in or local task once.
+        key = (settings.model, settings.data_dir, settings.max_length,
+               tuple(sorted({t for s in specs for t in s.tasks})), max(s.train_size for s in specs))
+        if key not in _TOKENIZED:
+            _TOKENIZED[key] = prepare_data(settings, specs, raw)
+        return _TOKENIZED[key], COUNTED
+    except (OSError, ValueError, SystemExit) as err:
+        return None, f"FLOPs from typical token lengths (the data could not be read: {err})"
+
+
+COUNTED = "FLOPs from each trial's own subset and the dev split"
+_TOKENIZED: dict = {}
+
+
+def spec_flops(specs, settings, num_layers: int, stored: pd.DataFrame | None = None, raw=None) -> tuple[list[float], str]:
+    """Each spec's model FLOPs (a stored row of the same trial gives its own), and how they were counted."""
+    known = {}
+    if stored is not None and len(stored) and "model_flops" in stored:
+        ok = stored[(stored["status"] == "ok") & pd.to_numeric(stored["model_flops"], errors="coerce").gt(0)]
+        known = dict(zip(ok["trial_id"], ok["model_flops"].astype(float)))
+    todo = [s for s in specs if s.trial_id not in known]
+    data, note = local_data(settings, todo, raw) if todo else (None, "FLOPs from the store's rows")
+    labels = {key: task.num_labels for key, task in (data or {}).items()}
+    shapes = {}
+    flops = []
+    for spec in specs:
+        if spec.trial_id in known:
+            flops.append(known[spec.trial_id])
+            continue
+        from sweep.grid import data_key
+
+        labels_of = labels.get(data_key(spec.task, spec.max_length), 2)
+        shape = shapes.setdefault(labels_of, model_shape(settings.model, num_layers, labels_of))
+        flops.append(trial_flops(spec, data, shape))
+    return flops, note
+
+
+# --- what the command prints ---------------------------------------------------------------------------------
+
+
+def hours(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+def cost_table(specs, flops, rate: Rate) -> str:
+    """Each trial's FLOPs and time (per cell with the range over its trials when the grid is long)."""
+    frame = pd.DataFrame({"task": [s.task for s in specs], "size": [s.train_size for s in specs],
+                          "epochs": [s.epochs for s in specs], "trial": [s.trial_id for s in specs],
+                          "flops": flops})
+    frame["seconds"] = frame["flops"].map(rate.trial_seconds)
+    if len(frame) <= 24:
+        lines = [f"{'trial':<56} {'FLOPs':>9} {'time':>8}"]
+        lines += [f"{r.trial:<56} {r.flops:>9.3g} {hours(r.seconds):>8}" for r in frame.itertuples()]
+        return "\n".join(lines)
+    cells = frame.groupby(["task", "size", "epochs"], sort=True).agg(
+        trials=("trial", "size"), low=("flops", "min"), high=("flops", "max"), seconds=("seconds", "mean"))
+    lines = [f"{'task':<10} {'size':>7} {'epochs':>6} {'trials':>7} {'FLOPs per trial':>19} {'time per trial':>14}"]
+    for (task, size, epochs), cell in zip(cells.index, cells.itertuples(index=False)):
+        spread = f"{cell.low:.3g}" if f"{cell.low:.3g}" == f"{cell.high:.3g}" else f"{cell.low:.3g}-{cell.high:.3g}"
+        lines.append(f"{task:<10} {size:>7} {epochs:>6} {cell.trials:>7} {spread:>19} {hours(cell.seconds):>14}")
+    return "\n".join(lines)
+
+
+def summary_line(label: str, flops, rate: Rate, started: bool = False) -> str:
+    unit = "GPU-hours" if rate.gpu else "core-hours"
+    where = f"one {rate.device}" if rate.gpu else f"{rate.slots} slot{'s' * (rate.slots > 1)} of this machine's kind"
+    return (f"{label}: {len(flops):,} trials, {sum(flops):.3g} FLOPs; {hours(sweep_seconds(flops, rate, started))} "
+            f"wall on {where}{'' if started else ' (start included)'}, {device_hours(flops, rate):.2f} {unit}")
+
+
+def header(rate: Rate, note: str) -> str:
+    return (f"cost on {rate.device}: {rate.source}; {rate.slots} trial{'s' * (rate.slots > 1)} at once; "
+            f"{note}")
+
+
+def stored_rows(folder) -> pd.DataFrame:
+    """Every row under `folder`: a sweep's rows, or a whole storage location's (empty when there is none)."""
+    from sweep.store import filesystem
+    from trialrows.read import read_results
+
+    import pyarrow.fs
+
+    none = pd.DataFrame(columns=["trial_id", "status"])
+    try:
+        fs, path = filesystem(folder)
+        if fs.get_file_info(path).type != pyarrow.fs.FileType.Directory:
+            return none
+        return read_results(folder)
+    except OSError:  # a bucket a dry run cannot reach from here: the estimate falls back on its stated defaults
+        return none
+
+
+def chosen_device(args) -> str:
+    return args.estimate_for or ("cpu" if not args.gpus_per_trial else "a100")
+
+
+def dry_run_estimate(specs, settings, args, num_layers: int, folder, raw=None, stored=None) -> tuple[list[float], Rate, str]:
+    """(each spec's FLOPs, the rate on --estimate-for, how the FLOPs were counted) for a dry run: FLOPs known
+    from the sweep's own rows (`stored`), the rate measured by every sweep's rows under --storage."""
+    from sweep.store import location
+
+    stored = stored_rows(folder) if stored is None else stored
+    flops, note = spec_flops(specs, settings, num_layers, stored, raw)
+    rate = rate_for(chosen_device(args), stored_rows(location(args.storage)), settings.model, args.cpus_per_trial)
+    return flops, rate, note
+
+
+def estimate_text(specs, settings, args, num_layers: int, folder, raw=None) -> str:
+    """What `--dry-run` prints of a sweep's cost."""
+    if not specs:
+        return "cost: no trial to run"
+    flops, rate, note = dry_run_estimate(specs, settings, args, num_layers, folder, raw)
+    return "\n".join([header(rate, note), cost_table(specs, flops, rate), summary_line("total", flops, rate)])
+
+
+# --- a running sweep ------------------------------------------------------------------------------------------
+
+
+def observed_slots(rows: pd.DataFrame) -> int:
+    """The most trials the rows show running at once (a trial ran from finished_at - wall_seconds to
+    finished_at); 1 without such rows."""
+    from trialrows.read import finished_times
+
+    if rows.empty or "wall_seconds" not in rows:
+        return 1
+    end = finished_times(rows)
+    wall = pd.to_numeric(rows["wall_seconds"], errors="coerce")
+    usable = end.notna() & wall.notna()
+    if not usable.any():
+        return 1
+    ends = (end[usable] - pd.Timestamp(0, tz="UTC")).dt.total_seconds().to_numpy()
+    starts = ends - wall[usable].to_numpy(float)
+    # finished_at is in whole seconds, written a moment after the trial's clock stopped: a trial that began as
+    # another ended must not count as beside it.
+    slack = np.minimum(5.0, 0.1 * (ends - starts))
+    starts, ends = starts + slack, ends - slack
+    events = sorted([(s, 1) for s in starts] + [(e, -1) for e in ends], key=lambda x: (x[0], x[1]))
+    running = best = 0
+    for _, step in events:
+        running += step
+        best = max(best, running)
+    return max(1, best)
+
+
+def remaining_line(trials: pd.DataFrame, stored: pd.DataFrame, not_run: str) -> str:
+    """`sweep status`'s estimate of what a sweep has left: its trials not yet run, each at the mean FLOPs of
+    the finished trials of its cell (task, size, epochs), at the rate of its finished rows, on as many slots
+    as its rows show at once."""
+    left = trials[trials["state"] == not_run]
+    if left.empty:
+        return "remaining: nothing planned is left to run"
+    ok = stored[stored["status"] == "ok"] if len(stored) and "model_flops" in stored else stored.iloc[0:0]
+    if ok.empty or "device" not in ok:
+        return f"remaining: {len(left)} trials; no finished trial yet to measure a rate from"
+    device = ok["device"].map(device_kind).mode()
+    device = device.iloc[0] if len(device) else None
+    measured = measured_mfu(stored, device, None) if device else None
+    if measured is None:
+        return f"remaining: {len(left)} trials; its rows ran on a device without a known peak"
+    cell = ["task", "train_size", "epochs"]
+    means = ok.assign(model_flops=pd.to_numeric(ok["model_flops"], errors="coerce")).groupby(cell)["model_flops"].mean()
+    keys = pd.MultiIndex.from_frame(left[cell].astype(object))
+    flops = means.reindex(keys).to_numpy(float)
+    flops = np.where(np.isfinite(flops), flops, float(np.nanmean(means.to_numpy(float))))
+    slots = observed_slots(ok)
+    rate = Rate(device, measured[1], measured[0], slots, "", share=1.0)
+    seconds = sweep_seconds(flops, rate, started=True)
+    return (f"remaining: {len(left)} trials not yet run (or running), about {hours(seconds)} on {slots} "
+            f"slot{'s' * (slots > 1)} at the rate of its {measured[2]} finished rows (MFU {measured[0]:.3f} of "
+            f"{measured[1] / 1e9:.0f} GFLOP/s)")
