@@ -524,6 +524,7 @@ def execute(sweep: Sweep, *, argv: list[str] | None = None, callbacks=(), dry_ru
     # The lock's folder is made from these two: a bad one is refused before anything is written.
     problems = [p for option in options_of(sweep.experiment) if option.flag in ("--name", "--storage")
                 for p in option.problems(sweep.value(option), None)]
+    problems = problems or storage_problems(sweep.run.storage)
     if problems:
         raise Refused(problems)
     # One writer at a time: a second command for this sweep waits, then plans from the rows the first left.

@@ -83,7 +83,7 @@ def test_trial_killed_mid_run_resumes_from_its_checkpoint_in_the_bucket_to_the_s
     # Tune restarts it from there. Set before this test's own Ray starts: its workers inherit it.
     monkeypatch.setenv(FAIL_AFTER_EPOCH, "2")
     argv = sweep_argv(tiny_bert, s3_bucket, "crash", "--trials", "1", "--k", "2", "--epochs", "4", "--eval-every", "1",
-                      "--checkpoint-every", "0", "--max-failures", "1")
+                      "--checkpoint-every", "0", "--max-failures", "1", "--pack", "1")  # unfused (packs: test_pack_checkpoints)
     assert main(argv) == 0
     sweep = sweep_dir(s3_bucket, "crash")
     table = read_results(sweep)
