@@ -64,6 +64,9 @@ def parse_args():
                    help="peer processes at a time, one row each (default: the cores on CPU; 1 2 4 on GPU, i.e. "
                         "fractions 1, 0.5, 0.25 of the card); 0 skips the peer")
     p.add_argument("--skip-unfused", action="store_true", help="leave out our unfused loop")
+    p.add_argument("--sweep", action="store_true",
+                   help="CPU mode: also time the real sweep command on trials of the same shape (python -m sweep "
+                        "incremental, k = 0..--trials-1, one trial each: Ray's start, loading and Tune included)")
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="CPU threads for our packs")
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--compare-func", action="store_true",
@@ -235,6 +238,23 @@ def train_tokens(data, cfg) -> int:
     return int(data.train.lengths[draw_subset(len(data.train), cfg.train_size, cfg.subset_seed)].sum()) * cfg.epochs
 
 
+def time_sweep(args) -> tuple[float, list[float]]:
+    """Wall seconds of `python -m sweep` on --trials trials of the benchmark's shape (k = 0..trials-1, trial
+    index 0 each), from the command's start to its end, and their dev accuracies from the rows it wrote."""
+    from trialrows.read import read_results
+
+    with tempfile.TemporaryDirectory() as storage:
+        command = [sys.executable, "-m", "sweep", "incremental", "--model", args.model, "--tasks", "sst2",
+                   "--data-dir", args.data_dir, "--sizes", str(args.size), "--epochs", str(args.epochs),
+                   "--k", *map(str, range(args.trials)), "--trials", "1", "--precision", args.precision,
+                   "--storage", storage, "--name", "bench"]
+        tick = time.perf_counter()
+        subprocess.run(command, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wall = time.perf_counter() - tick
+        rows = read_results(f"{storage}/bench").sort_values("k")
+        return wall, [float(v) for v in rows["dev_metric"]]
+
+
 def peer_trial(spec: dict) -> dict:
     """One trial the way a user would write it with the Trainer, in a fresh process."""
     started = time.perf_counter()
@@ -386,6 +406,9 @@ def compare(args, pretrained, data, peer_model_path: str, device: str, header: d
         at_once = len(os.sched_getaffinity(0))
         figures.add(f"ours, packs of 1, {at_once} side by side", args.trials,
                     *time_side_by_side(cfgs[:args.trials], data, pretrained, at_once))
+    if not gpu and args.sweep:
+        figures.add("ours, the real sweep command (python -m sweep, --pack auto, Ray's start included)", args.trials,
+                    *time_sweep(args))
     if not args.skip_unfused:
         figures.add("ours, unfused (one trial at a time)", args.trials, *time_unfused(cfgs[:args.trials], data, pretrained))
     for processes in args.peer_processes or ([1, 2, 4] if gpu else [len(os.sched_getaffinity(0))]):

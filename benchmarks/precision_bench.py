@@ -20,6 +20,8 @@ import threading
 import time
 from pathlib import Path
 
+import pandas as pd
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -51,19 +53,21 @@ def compare(fixed: str, targeted: str) -> None:
 def estimated(argv: list[str]):
     """(estimated seconds, the rate, how FLOPs were counted, trials to run) of a sweep command, as its dry run
     estimates it."""
-    from sweep import cli, estimate, precision
+    from sweep import cli, estimate
+    from sweep.precision import grid_settings
     from sweep.store import rows_dir
 
-    args = cli.build_parser().parse_args(argv)
-    settings = cli.settings_from_args(args)
-    limits = cli.model_limits(settings.model, True)
-    specs = cli.EXPERIMENTS[args.experiment].build(precision.grid_settings(settings, args), limits.num_layers,
-                                                   limits.num_heads)
-    folder = rows_dir(args.storage, args.name or args.experiment)
+    sweep = cli.parse_command_line(argv)
+    limits = cli.model_limits(sweep.grid.model, True)
+    specs = cli.EXPERIMENTS[sweep.experiment].build(grid_settings(sweep.grid, sweep), limits.num_layers,
+                                                    limits.num_heads)
+    folder = rows_dir(sweep.run.storage, sweep.name)
     stored = estimate.stored_rows(folder)
-    done = set(stored.loc[stored["status"].isin(["ok", "diverged"]), "trial_id"]) if len(stored) else set()
+    finished = stored[stored["status"].isin(["ok", "diverged"])] if len(stored) else stored
+    # A dry run's specs carry no fingerprints: a landed row is known by its settings_id
+    done = set(finished.get("settings_id", pd.Series(dtype=str))) | set(finished.get("trial_id", pd.Series(dtype=str)))
     todo = [s for s in specs if s.trial_id not in done]
-    flops, rate, note = estimate.dry_run_estimate(todo, settings, args, limits.num_layers, folder, stored=stored)
+    flops, rate, note = estimate.dry_run_estimate(todo, sweep.grid, sweep, limits.num_layers, folder, stored=stored)
     return estimate.sweep_seconds(flops, rate), rate, note, len(todo)
 
 

@@ -16,6 +16,15 @@ def cannot_start(problems: list[str]) -> str:
     return "cannot start the sweep:\n" + "\n".join(f"  - {p}" for p in problems)
 
 
+class Refused(ValueError):
+    """A sweep that cannot start: every problem, each one line naming the setting, the value and what is
+    allowed."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        super().__init__(cannot_start(self.problems))
+
+
 def storage_problems(storage: str) -> list[str]:
     """Whether rows can be written under `storage` (a local folder or a pyarrow.fs URI such as s3://...),
     found by writing and deleting a probe file; nothing is left behind, not even the folder."""

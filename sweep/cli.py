@@ -20,9 +20,10 @@ from sweep.checks import (address_problems, cannot_start, data_dir_problems, gpu
 from sweep.config import CONFIG_FILE, PRESET, Refused, Sweep, flag_of, options_of, read_config, resolve, write_config
 from sweep.experiments import EXPERIMENTS, GridSettings, trial_word
 from sweep.fingerprints import reconcile, stored_fingerprints, with_fingerprints
-from sweep.grid import TrialSpec, data_key
+from sweep.data import load_raw_tasks, prepare_data  # noqa: F401  (prepare_data: read from here by tests)
+from sweep.grid import TrialSpec
 from sweep.lock import sweep_lock
-from sweep.precision import grid_settings, option_problems, precision_sweep
+from sweep.precision import grid_settings, option_problems
 from sweep.status import main as status_main
 from sweep.status import record_plan
 from sweep.store import FINISHED, finished_trial_ids, parent, rows_dir, sweep_dir
@@ -313,12 +314,6 @@ def describe_settings(sweep: Sweep, specs: list[TrialSpec]) -> str:
     return "\n".join(lines)
 
 
-def load_raw_tasks(settings: GridSettings, tasks) -> dict:
-    from trainables.tasks import load_task
-
-    return {task: load_task(task, settings.data_dir, sources=settings.sources) for task in tasks}
-
-
 def local_tasks(settings: GridSettings, tasks) -> list[str]:
     """The tasks whose data is on this machine (files, the built-in task): read whole in a dry run too."""
     from trainables.tasks import SYNTHETIC
@@ -385,34 +380,6 @@ def size_problems(settings: GridSettings, raw: dict) -> list[str]:
     return problems
 
 
-def prepare_data(settings: GridSettings, specs: list[TrialSpec], raw: dict | None = None) -> dict:
-    """Load and tokenize once for the whole sweep every task its trials train or evaluate on (the final and
-    any intermediate task); trials share the result via Ray's object store."""
-    from trainables.data import tokenize_task
-    from trainables.models import load_tokenizer
-    from trainables.qa import tokenize_qa_task
-    from trainables.tasks import SQUAD_V2
-
-    needed, lengths = {}, {}  # task -> the largest subset any trial draws from it, and its trials' lengths
-    for spec in specs:
-        for task in spec.tasks:
-            needed[task] = max(needed.get(task, 0), spec.train_size)
-            lengths.setdefault(task, set()).add(spec.max_length)  # as the trials resolved it
-    raw = {**load_raw_tasks(settings, [t for t in needed if t not in (raw or {})]), **(raw or {})}
-    for task, size in needed.items():
-        if size > len(raw[task].train):
-            raise SystemExit(f"--sizes: {size} is larger than the {task} train split ({len(raw[task].train):,} examples)")
-    tokenizer = load_tokenizer(settings.model)
-    cache = tokenized_cache()
-
-    def tokenize(task, length):  # question answering has its own windows (trainables.qa), not cached
-        if task == SQUAD_V2:
-            return tokenize_qa_task(raw[task], tokenizer, settings.model, length)
-        return tokenize_task(raw[task], tokenizer, settings.model, length, cache)
-
-    return {data_key(task, length): tokenize(task, length) for task in needed for length in sorted(lengths[task])}
-
-
 def window_problems(settings: GridSettings, raw: dict) -> list[str]:
     """Question answering: the longest question and the window's stride must leave room for context."""
     from trainables.qa import window_room_problem
@@ -428,13 +395,6 @@ def window_problems(settings: GridSettings, raw: dict) -> list[str]:
         return []  # a model it cannot load is refused on its own
     problem = window_room_problem(raw[SQUAD_V2], tokenizer, settings.max_length)
     return [problem] if problem else []
-
-
-def tokenized_cache() -> Path:
-    """Where tokenized splits are kept between sweeps: in `datasets`' cache (HF_DATASETS_CACHE moves it)."""
-    import datasets
-
-    return Path(datasets.config.HF_DATASETS_CACHE) / "reinit-sweep-tokenized"
 
 
 def refuse(problems: list[str]) -> int:
@@ -574,6 +534,83 @@ def planned_and_run(sweep: Sweep, argv, callbacks, dry_run: bool):
         results = run(todo, sweep.grid, sweep, folder, planned.pretrained, planned.raw, **extra)
     rows, code = report(folder, {row["trial_id"] for row in planned.rows}, planned.table)
     return rows, results, code
+
+
+def precision_sweep(planned, sweep, argv, folder, num_layers: int, callbacks=()):
+    """Plan, run and report a precision-targeted sweep (sweep.precision; the command's flow once its grid is built
+    and the sweep's lock is held): (the rows, None, the exit code), as planned_and_run returns. Raises Refused."""
+    import pandas as pd
+
+    from sweep.estimate import stored_rows
+    from sweep.precision import (cost_text, describe_target, end_table, paired_problems, stage_two, stage_two_text,
+                                 target_of, targeted)
+
+    target, grid, raw = target_of(sweep), sweep.grid, planned.raw
+    specs = targeted(planned.specs, target)
+    problems = paired_problems(specs, target)
+    if problems:
+        raise Refused(problems)
+    pilot = [s for s in specs if s.trial_index < target.pilot]
+    print(f"{sweep.experiment}: {grid.model} ({num_layers} layers), storage {sweep.run.storage}/{sweep.name}")
+    print(describe_target(specs, target))
+    print(describe_grid(pilot).replace("trials", "pilot", 1))
+    if planned.note:
+        print(planned.note)
+    stored = stored_rows(folder)
+    if sweep.run.dry_run:
+        from sweep.experiments import EXPERIMENTS
+
+        if EXPERIMENTS[sweep.experiment].runner is None:  # finetuning trials: what trainables.cost counts
+            print(cost_text(specs, grid, sweep, num_layers, folder, target, stored, raw))
+        return pd.DataFrame([s.row() for s in pilot]), None, 0
+    where, command = sweep_dir(sweep.run.storage, sweep.name), argv or ["--config", str(config_path(sweep))]
+    try:
+        record_plan(where, command, sweep.experiment, [s.row() for s in pilot], FINISHED)
+        write_config(sweep, where)
+    except OSError as err:
+        raise Refused([cannot_write(sweep, err)]) from None
+    ray_session = RaySession(sweep, planned.pretrained, callbacks)
+    try:
+        todo = [s for s in pilot if s.trial_id not in finished_trial_ids(folder)]
+        print(f"pilot stage: {len(pilot) - len(todo)} of {len(pilot)} already done, {len(todo)} to run", flush=True)
+        if todo:
+            ray_session.run(todo, sweep, folder, raw)
+        second, table, _, _ = stage_two(specs, stored_rows(folder), target)
+        record_plan(where, command, sweep.experiment, [s.row() for s in [*pilot, *second]], FINISHED)
+        todo = [s for s in second if s.trial_id not in finished_trial_ids(folder)]
+        print(stage_two_text(table, second, todo, target), flush=True)
+        # --resume goes on from earlier checkpoints once: in the first stage that ran trials.
+        resume = sweep.run.resume and not ray_session.ran
+        if todo:
+            ray_session.run(todo, dataclasses.replace(sweep, run=dataclasses.replace(sweep.run, resume=resume)),
+                            folder, raw)
+    finally:
+        ray_session.close()
+    rows, code = report(folder, {s.trial_id for s in [*pilot, *second]}, end_table)
+    return rows, None, code
+
+
+class RaySession:
+    """One Ray for both stages: started at the first stage with trials to run (unless one is running), shut
+    down at the end; the pretrained weights are those the plan loaded."""
+
+    def __init__(self, sweep, pretrained, callbacks=()):
+        self.sweep, self.pretrained, self.callbacks, self.owned, self.ran = sweep, pretrained, callbacks, False, False
+
+    def run(self, todo, sweep, folder, raw) -> None:
+        import ray
+
+        if not ray.is_initialized():
+            start_ray(self.sweep.run.address)
+            self.owned = True
+        run(todo, sweep.grid, sweep, folder, self.pretrained, raw, callbacks=self.callbacks)
+        self.ran = True
+
+    def close(self) -> None:
+        if self.owned:
+            import ray
+
+            ray.shutdown()
 
 
 def config_path(sweep: Sweep):

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from sweep.experiments import EXPERIMENTS, GRID, TASK_FILE_DEFAULTS, GridSettings
 from sweep.packs import parse_pack
+from sweep.checks import Refused  # noqa: F401  (raised by every part of the sweep; read from here)
 from sweep.estimate import DEVICES
 from sweep.precision import DEFAULT_MAX_TRIALS, DEFAULT_PILOT
 from trialrows.declare import Option, at_least, declared, positive, setting
@@ -33,15 +34,6 @@ LOGGERS = ("wandb", "mlflow")
 # minutes of each of its trials. The paper's 500- and 5k-example trials finish before their first checkpoint
 # is due: they simply start over. docs/benchmarks.md, "Checkpoints".
 CHECKPOINT_EVERY = 900.0
-
-
-class Refused(ValueError):
-    """A sweep that cannot start: every problem, each one line naming the setting, the value and what is
-    allowed."""
-
-    def __init__(self, problems: list[str]):
-        self.problems = list(problems)
-        super().__init__("cannot start the sweep:\n" + "\n".join(f"  - {p}" for p in self.problems))
 
 
 def checkpoint_interval(value: str) -> float | None:

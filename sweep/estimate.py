@@ -196,7 +196,7 @@ def _model_shape(model: str, num_layers: int, num_labels: int) -> tuple[int, int
 def trial_flops(spec, data: dict | None, shape: tuple[int, int, int]) -> float:
     """The model FLOPs a trial will count: its epochs over its subset's token lengths, each dev evaluation
     (every `eval_every` epochs and after the last), and sequential finetuning's intermediate round.
-    `data`: the tokenized tasks by data key (sweep.cli.prepare_data), or None (typical lengths)."""
+    `data`: the tokenized tasks by data key (sweep.data.prepare_data), or None (typical lengths)."""
     from sweep.grid import data_key
     from trainables.cost import sequence_flops
     from trainables.finetune import draw_rows
@@ -226,7 +226,7 @@ def _typical(task: str, shape: tuple[int, int, int], train: bool) -> float:
 def local_data(settings, specs, raw=None) -> tuple[dict | None, str]:
     """The tokenized tasks of `specs` when their data is at hand (not the hub: a dry run downloads nothing),
     and a note of how FLOPs were counted."""
-    from sweep.cli import prepare_data
+    from sweep.data import prepare_data
 
     if settings.data_dir is None and any(t not in ("synthetic", *settings.sources) for s in specs for t in s.tasks):
         return None, "FLOPs from typical token lengths (a hub task: a dry run reads no hub data)"

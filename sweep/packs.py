@@ -140,8 +140,7 @@ def pack_resources(cpus_per_trial: float, gpus_per_trial: float, nodes: list[dic
     here, before any trial starts, rather than waiting forever."""
     from ray import tune
 
-    from sweep.checks import BOOTSTRAP_CONFIG, holds, node_shapes, placement_problems
-    from sweep.config import Refused
+    from sweep.checks import BOOTSTRAP_CONFIG, Refused, holds, node_shapes, placement_problems
     from trainables.fused import PEAK_BYTES_PER_PARAMETER
 
     # On a GPU the weights live in the card's memory, which --pack auto sizes packs by (resolve_pack).

@@ -181,62 +181,6 @@ def cost_text(specs, settings, options, num_layers: int, folder, target: Target,
 # --- the run ---------------------------------------------------------------------------------------------------
 
 
-def precision_sweep(planned, sweep, argv, folder, num_layers: int, callbacks=()):
-    """Plan, run and report a precision-targeted sweep (the command's flow once its grid is built and the sweep's
-    lock is held): (the rows, None, the exit code), as sweep.cli.planned_and_run returns. Raises Refused."""
-    import pandas as pd
-
-    from sweep import cli
-    from sweep.config import Refused, write_config
-    from sweep.estimate import stored_rows
-    from sweep.status import record_plan
-    from sweep.store import finished_trial_ids, sweep_dir
-
-    target, grid, raw = target_of(sweep), sweep.grid, planned.raw
-    specs = targeted(planned.specs, target)
-    problems = paired_problems(specs, target)
-    if problems:
-        raise Refused(problems)
-    pilot = [s for s in specs if s.trial_index < target.pilot]
-    print(f"{sweep.experiment}: {grid.model} ({num_layers} layers), storage {sweep.run.storage}/{sweep.name}")
-    print(describe_target(specs, target))
-    print(cli.describe_grid(pilot).replace("trials", "pilot", 1))
-    if planned.note:
-        print(planned.note)
-    stored = stored_rows(folder)
-    if sweep.run.dry_run:
-        from sweep.experiments import EXPERIMENTS
-
-        if EXPERIMENTS[sweep.experiment].runner is None:  # finetuning trials: what trainables.cost counts
-            print(cost_text(specs, grid, sweep, num_layers, folder, target, stored, raw))
-        return pd.DataFrame([s.row() for s in pilot]), None, 0
-    where, command = sweep_dir(sweep.run.storage, sweep.name), argv or ["--config", str(cli.config_path(sweep))]
-    try:
-        record_plan(where, command, sweep.experiment, [s.row() for s in pilot], FINISHED)
-        write_config(sweep, where)
-    except OSError as err:
-        raise Refused([cli.cannot_write(sweep, err)]) from None
-    ray_session = _RaySession(sweep, planned.pretrained, callbacks)
-    try:
-        todo = [s for s in pilot if s.trial_id not in finished_trial_ids(folder)]
-        print(f"pilot stage: {len(pilot) - len(todo)} of {len(pilot)} already done, {len(todo)} to run", flush=True)
-        if todo:
-            ray_session.run(todo, sweep, folder, raw)
-        second, table, _, _ = stage_two(specs, stored_rows(folder), target)
-        record_plan(where, command, sweep.experiment, [s.row() for s in [*pilot, *second]], FINISHED)
-        todo = [s for s in second if s.trial_id not in finished_trial_ids(folder)]
-        print(stage_two_text(table, second, todo, target), flush=True)
-        # --resume goes on from earlier checkpoints once: in the first stage that ran trials.
-        resume = sweep.run.resume and not ray_session.ran
-        if todo:
-            ray_session.run(todo, dataclasses.replace(sweep, run=dataclasses.replace(sweep.run, resume=resume)),
-                            folder, raw)
-    finally:
-        ray_session.close()
-    rows, code = cli.report(folder, {s.trial_id for s in [*pilot, *second]}, end_table)
-    return rows, None, code
-
-
 def stage_two_text(table: pd.DataFrame, second: list, todo: list, target: Target) -> str:
     waiting = int((table["state"] == PILOT).sum()) if len(table) else 0
     text = (f"stage 2: {len(second)} trials beyond the pilots ({len(second) - len(todo)} already done, {len(todo)} "
@@ -253,28 +197,3 @@ def end_table(rows: pd.DataFrame) -> pd.DataFrame:
     keep = [c for c in table.columns if c not in SHOWN and c not in ("pilot_trials", "max_trials", "pilot_sd",
                                                                      "reached") and table[c].nunique(dropna=False) > 1]
     return table[[*keep, *[c for c in SHOWN if c in table.columns]]]
-
-
-class _RaySession:
-    """One Ray for both stages: started at the first stage with trials to run (unless one is running), shut
-    down at the end; the pretrained weights are those the plan loaded."""
-
-    def __init__(self, sweep, pretrained, callbacks=()):
-        self.sweep, self.pretrained, self.callbacks, self.owned, self.ran = sweep, pretrained, callbacks, False, False
-
-    def run(self, todo, sweep, folder, raw) -> None:
-        import ray
-
-        from sweep import cli
-
-        if not ray.is_initialized():
-            cli.start_ray(self.sweep.run.address)
-            self.owned = True
-        cli.run(todo, sweep.grid, sweep, folder, self.pretrained, raw, callbacks=self.callbacks)
-        self.ran = True
-
-    def close(self) -> None:
-        if self.owned:
-            import ray
-
-            ray.shutdown()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ray.tune import Callback
 
-from sweep.config import CHECKPOINT_EVERY, Refused, RunSettings
+from sweep.config import Refused, RunSettings
 from sweep.grid import TrialSpec
 from sweep.packs import group_into_packs, pack_resources, resolve_pack
 from sweep.store import write_row

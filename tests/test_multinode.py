@@ -250,7 +250,7 @@ def test_packs_run_on_several_nodes_at_once_and_land(lost_node_sweep):
     assert set(table["pack_size"]) == {2} and table["pack_id"].nunique() == 2
 
 
-def test_a_worker_node_lost_mid_pack_retries_the_pack_elsewhere_and_lands_each_member_once(lost_node_sweep):
+def test_a_worker_node_lost_mid_pack_goes_on_elsewhere_from_its_checkpoint_and_lands_each_member_once(lost_node_sweep):
     sweep, killed = lost_node_sweep["sweep"], lost_node_sweep
     assert killed["epoch"] < 6, "the node should be lost while its pack was still training"
     assert len(killed["left"]) == 1 and killed["left"] < killed["workers"]
@@ -266,4 +266,6 @@ def test_a_worker_node_lost_mid_pack_retries_the_pack_elsewhere_and_lands_each_m
     [results] = sweep.glob(f"tune-*/{killed['pack']}/result.json")
     reports = [json.loads(line) for line in results.read_text().splitlines()]
     assert reports[-1]["pid"] != killed["pid"] and reports[-1]["epoch"] == 6
-    # Once packs checkpoint (issue 28): assert (lost["resumed_from_epoch"] >= 1).all()
+    # ...from the checkpoint the pack left before its node went (not from its start): no member's epochs lost.
+    assert (lost["resumed_from_epoch"] >= 1).all(), lost["resumed_from_epoch"]
+    assert table.loc[table["pack_id"] != killed["pack"], "resumed_from_epoch"].isna().all()

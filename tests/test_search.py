@@ -150,7 +150,9 @@ def test_real_search_through_tune_never_reads_dev(ray_local, tiny_bert, syntheti
         synthetic.validation, labels=np.zeros_like(synthetic.validation.labels)))
     settings = GridSettings.of(model=tiny_bert, tasks=("synthetic",), sizes=(40,), trials=((0, 1),), k=(2,),
                             epochs=2, lr=LR, seed=SEED)
-    specs = lr_multipliers(settings, 4)
+    specs = lr_multipliers(settings, 4)  # as a dry run builds them: the sweep's cell adds its fingerprints
+    prints = rows.iloc[0][["data_fingerprint", "model_fingerprint"]].to_dict()
+    specs = [dataclasses.replace(s, **prints) for s in specs]
     assert [s.trial_id for s in specs] == [cell]
     run_searches(specs, data={"synthetic@128": poisoned}, pretrained={tiny_bert: pretrained},
                  folder=tmp_path / "poisoned" / "rows", tune_dir=tmp_path / "poisoned", cpus_per_trial=2,

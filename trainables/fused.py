@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 
 from trainables.ablations import apply_ablation
-from trainables.cost import cost_fields, non_embedding_params, peak_flops, sequence_flops
+from trainables.cost import cost_fields, non_embedding_params, peak_flops
 from trainables.data import TokenizedSplit, TokenizedTask, draw_subset, eval_batches, train_batches
 from trainables.finetune import (RECIPE_VERSION, Compute, FinetuneConfig, evaluated_at, hold_out, make_optimizer,
                                  pick_device)

@@ -173,7 +173,7 @@ def precision_outcomes(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.Series]:
     """(one line per precision-targeted condition, the line each row belongs to: -1 for rows of a condition
     without a target). A condition is targeted when its newest row (by finished_at) carries a target: the
     sweep that last ran it decides. `rows` may hold planned trials without a result (status null: not run)."""
-    from trialrows.summaries import condition_columns, groupable
+    from trialrows.conditions import condition_columns, groupable
 
     line = pd.Series(-1, index=rows.index)
     if rows.empty or not targeted(rows):
