@@ -211,14 +211,14 @@ def logger_problems(loggers) -> list[str]:
 
 
 def environment_problems(sweep: Sweep, dry_run: bool) -> list[str]:
-    """Whether the storage can be written, the cluster answers and asked-for GPUs exist. A dry run writes
-    nothing: it asks the file system instead of writing a probe, and counts this machine's GPUs when no
-    cluster is named (a cluster's are known once Ray connects)."""
+    """Whether the storage can be written, the cluster answers and asked-for GPUs exist. Here the file system
+    is only asked (a real run's storage was probed by writing once already, by `execute` before its lock), and
+    a dry run counts this machine's GPUs when no cluster is named (a cluster's are known once Ray connects)."""
     run = sweep.run
     problems = address_problems(run.address)
     if storage_shape_problems(run.storage):
         return problems  # refused already (validate): a store that cannot be named is not asked
-    problems += storage_access_problems(run.storage) if dry_run else storage_problems(run.storage)
+    problems += storage_access_problems(run.storage)
     if dry_run and run.address in (None, "", "local"):
         problems += gpu_problems(run.gpus_per_trial or 0.0, {"GPU": local_gpus()})
     return problems
@@ -497,6 +497,16 @@ def execute(sweep: Sweep, *, argv: list[str] | None = None, callbacks=(), dry_ru
         return planned_and_run(sweep, argv, callbacks, dry_run=False)
 
 
+def record_sweep(sweep: Sweep, argv, rows: list[dict], rerun_skips) -> None:
+    """The plan (sweep status reads it) and the resolved config beside the rows; a write that fails is Refused."""
+    where = sweep_dir(sweep.run.storage, sweep.name)
+    try:
+        record_plan(where, argv or ["--config", str(config_path(sweep))], sweep.experiment, rows, rerun_skips)
+        write_config(sweep, where)
+    except OSError as err:
+        raise Refused([cannot_write(sweep, err)]) from None
+
+
 def cannot_write(sweep: Sweep, err: OSError) -> str:
     return (f"--storage: cannot write under {sweep_dir(sweep.run.storage, sweep.name)} ({err}); make room there or "
             "give another --storage")
@@ -520,12 +530,7 @@ def planned_and_run(sweep: Sweep, argv, callbacks, dry_run: bool):
 
             print(estimate_text(planned.specs, sweep.grid, sweep, limits.num_layers, folder, planned.raw))
         return pd.DataFrame(planned.rows), None, 0
-    try:
-        record_plan(sweep_dir(sweep.run.storage, sweep.name), argv or ["--config", str(config_path(sweep))],
-                    sweep.experiment, planned.rows, planned.rerun_skips)
-        write_config(sweep, sweep_dir(sweep.run.storage, sweep.name))
-    except OSError as err:
-        raise Refused([cannot_write(sweep, err)]) from None
+    record_sweep(sweep, argv, planned.rows, planned.rerun_skips)
     todo = planned.todo
     print(f"{len(planned.specs) - len(todo)} already done, {len(todo)} to run")
     results = None
@@ -563,12 +568,7 @@ def precision_sweep(planned, sweep, argv, folder, num_layers: int, callbacks=())
         if EXPERIMENTS[sweep.experiment].runner is None:  # finetuning trials: what trainables.cost counts
             print(cost_text(specs, grid, sweep, num_layers, folder, target, stored, raw))
         return pd.DataFrame([s.row() for s in pilot]), None, 0
-    where, command = sweep_dir(sweep.run.storage, sweep.name), argv or ["--config", str(config_path(sweep))]
-    try:
-        record_plan(where, command, sweep.experiment, [s.row() for s in pilot], FINISHED)
-        write_config(sweep, where)
-    except OSError as err:
-        raise Refused([cannot_write(sweep, err)]) from None
+    record_sweep(sweep, argv, [s.row() for s in pilot], FINISHED)
     ray_session = RaySession(sweep, planned.pretrained, callbacks)
     try:
         todo = [s for s in pilot if s.trial_id not in finished_trial_ids(folder)]
@@ -576,7 +576,7 @@ def precision_sweep(planned, sweep, argv, folder, num_layers: int, callbacks=())
         if todo:
             ray_session.run(todo, sweep, folder, raw)
         second, table, _, _ = stage_two(specs, stored_rows(folder), target)
-        record_plan(where, command, sweep.experiment, [s.row() for s in [*pilot, *second]], FINISHED)
+        record_sweep(sweep, argv, [s.row() for s in [*pilot, *second]], FINISHED)
         todo = [s for s in second if s.trial_id not in finished_trial_ids(folder)]
         print(stage_two_text(table, second, todo, target), flush=True)
         # --resume goes on from earlier checkpoints once: in the first stage that ran trials.
