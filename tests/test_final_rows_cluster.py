@@ -6,6 +6,7 @@ the trial on the other node, from its checkpoint, and it lands once. Bounded in 
 it started."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -21,6 +22,7 @@ from trainables.tune_trainable import STATE_FILE
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER_HOST = "reinit-worker"
+EPOCHS = 4
 pytestmark = pytest.mark.slow
 
 
@@ -46,10 +48,24 @@ def wait_for_nodes(address: str, count: int, timeout: float = 120) -> None:
 
 
 def stop(node: subprocess.Popen) -> None:
+    """Lose a node as a machine is lost: SIGKILL its process group and every process under it (Ray starts the
+    raylet and the trial's worker processes in sessions of their own; a trial actor left alive goes on
+    reporting straight to the driver for seconds before the lost raylet is noticed)."""
+    import psutil
+
+    try:
+        under = psutil.Process(node.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        under = []
     try:
         os.killpg(node.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+    for process in under:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
     node.wait(timeout=30)
 
 
@@ -74,8 +90,19 @@ def cluster():
 
 def sweep(tiny_bert: str, storage, address: str, *extra: str) -> list[str]:
     return [sys.executable, "-m", "sweep", "incremental", "--model", tiny_bert, "--tasks", "synthetic", "--sizes",
-            "160", "--trials", "1", "--k", "0", "1", "2", "3", "4", "--epochs", "4", "--checkpoint-every", "0",
+            "160", "--trials", "1", "--k", "0", "1", "2", "3", "4", "--epochs", str(EPOCHS), "--checkpoint-every", "0",
             "--address", address, "--storage", str(storage), "--name", "fleet", *extra]
+
+
+def well_before_its_end(results: Path, epochs: int) -> bool:
+    """Whether the newest report in a trial's result.json (written by the driver, a moment after the
+    checkpoint) came from the renamed worker with at least two epochs still to run: the last epoch's report
+    carries a checkpoint too, and its row may land between this look and the kill."""
+    try:
+        last = json.loads(results.read_text().strip().splitlines()[-1])
+    except (OSError, IndexError, ValueError):  # not written yet, or caught mid-line
+        return False
+    return last.get("host") == WORKER_HOST and last.get("epoch", epochs) <= epochs - 2
 
 
 def landed(rows: Path) -> dict[str, bytes]:
@@ -128,9 +155,8 @@ def test_a_trial_whose_worker_node_is_lost_is_retried_elsewhere_and_lands_once(c
         done = {p.stem for p in (fleet / "rows").glob("*.parquet")}
         for state in fleet.glob(f"tune-*/*/checkpoint_*/{STATE_FILE}"):
             trial = state.parents[1]
-            results = trial / "result.json"  # written by the driver, a moment after the checkpoint
-            if trial.name not in done and results.exists() and f'"host": "{WORKER_HOST}"' in results.read_text():
-                lost = trial.name  # mid-run on the renamed worker, with a checkpoint
+            if trial.name not in done and well_before_its_end(trial / "result.json", EPOCHS):
+                lost = trial.name  # mid-run on the renamed worker, with a checkpoint and an epoch still to go
         time.sleep(0.05)
     assert lost is not None, "no trial was caught mid-run on the renamed worker"
     stop(worker)  # the renamed worker node is lost, with the trials it was training
