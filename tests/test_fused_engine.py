@@ -165,3 +165,31 @@ def test_parts_of_a_pack_make_the_same_pack(quiet, synthetic):
     a, b = rebuilt.train_epoch()[0], pack.train_epoch()[0]
     np.testing.assert_allclose(a.numpy(), b[:, [2, 0]].numpy(), rtol=1e-5)
     assert isinstance(clone.parts(), PackParts)
+
+
+def test_dropout_keeps_its_rate_and_a_trials_masks_see_neither_padding_nor_pack_mates():
+    from types import SimpleNamespace
+
+    from trainables.fused import Dropout
+
+    def masks(seeds, tokens, width, step=3):
+        drop = Dropout(seeds, hidden=0.1, attention=0.25, classifier=0.5, num_layers=2, device="cpu")
+        drop.begin(step)
+        x = torch.ones(len(seeds), tokens, 10)  # a hidden width that is not a multiple of 4
+        hidden = drop.hidden(x, None)
+        probs = torch.ones(len(seeds) * 2, 3, width, width)
+        attention = drop.attention(probs, SimpleNamespace(lengths=torch.zeros(len(seeds), 2))).view(
+            len(seeds), 2, 3, width, width)
+        return hidden, attention, drop.classifier(torch.ones(len(seeds), 2, 10))
+
+    hidden, attention, classifier = masks([7, 8], 700, 61)
+    for mask, rate in ((hidden, 0.1), (attention, 0.25), (classifier, 0.5)):
+        kept = (mask > 0).float().mean().item()
+        assert mask.unique().tolist() == [0.0, pytest.approx(1 / (1 - rate))]
+        assert abs(kept - (1 - rate)) < 4 * ((rate * (1 - rate) / mask.numel()) ** 0.5) + 1e-3, (rate, kept)
+    assert not torch.equal(hidden[0], hidden[1]) and not torch.equal(attention[0], attention[1])
+    alone, padded = masks([8], 650, 58), masks([5, 8], 700, 61)  # trial 8 alone, shorter; then second in a pack
+    assert torch.equal(alone[0][0], padded[0][1, :650]) and torch.equal(alone[0][0], hidden[1, :650])
+    assert torch.equal(alone[1][0], padded[1][1, :, :, :58, :58])
+    assert torch.equal(alone[2][0], padded[2][1])
+    assert not torch.equal(masks([8], 650, 58, step=4)[0], alone[0]), "each step draws anew"

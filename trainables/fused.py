@@ -392,7 +392,7 @@ GAMMA = _signed(0x9E3779B97F4A7C15)  # SplitMix64's increment: consecutive count
 MIX = (_signed(0xBF58476D1CE4E5B9), _signed(0x94D049BB133111EB))
 DROPOUT_STREAM = 0xD80  # keeps the dropout keys apart from every other use of a trial's seed
 SPAN = 1 << 10  # attention elements are numbered (sequence, head, query, key) as if the batch were 1024 wide
-KEEP_BITS = 24
+LANES = 4  # one 64-bit hash gives the uniforms of 4 neighbouring elements, 16 bits each
 
 
 def mix64(z: torch.Tensor) -> torch.Tensor:
@@ -410,11 +410,14 @@ def dropout_keys(seeds) -> np.ndarray:
 
 class Dropout:
     """Per-trial dropout, drawn for the whole pack at once: element e of trial p's mask at optimizer step t,
-    site s, is kept when the low 24 bits of mix64(key(p, t, s) + e * GAMMA) fall below (1 - rate) * 2^24, with
-    e numbered within the trial's own batch (its packed tokens; its sequences, heads, queries and keys on a
-    fixed 1024-wide grid; its pooled sequences), so neither its pack-mates nor padding change its masks. The
-    hidden sites' masks of a whole step (the embeddings' and two a layer, all of one shape) are drawn by one
-    hash at the first of them; each attention site and the classifier's draw their own."""
+    site s, is kept when 16-bit lane e mod 4 of mix64(key(p, t, s) + (e div 4) * GAMMA), read as a signed
+    integer, falls below (1 - rate) * 2^16 - 2^15, with e numbered within the trial's own batch along its last
+    axis in groups of 4 (its packed tokens x ceil(H / 4) groups; its sequences, heads and queries on a fixed
+    1024-wide grid x 256 groups of keys; its pooled sequences), so neither its pack-mates nor padding change
+    its masks. One hash serves 4 elements: the hash's integer passes were most of a CPU step's dropout time
+    and, on a GPU, 8 bytes of traffic an element. Lanes are read in memory order (little-endian, as every
+    device torch runs on). The hidden sites' masks of a whole step (the embeddings' and two a layer, all of one
+    shape) are drawn by one hash at the first of them; each attention site and the classifier's draw their own."""
 
     def __init__(self, seeds, hidden: float, attention: float, classifier: float, num_layers: int, device):
         self.keys = torch.from_numpy(dropout_keys(seeds)).to(device)
@@ -422,7 +425,7 @@ class Dropout:
         self.hidden_sites = 2 * num_layers + 1  # then num_layers attention sites, then the classifier's
         self.sites = torch.arange(self.hidden_sites + num_layers + 1, device=device)
         self.site_keys = self.keys[:, None]
-        self._ids: dict[str, torch.Tensor] = {}
+        self._ids: dict[str, tuple[tuple, torch.Tensor]] = {}
         self.begin(0)
 
     def begin(self, step: int) -> None:
@@ -431,24 +434,34 @@ class Dropout:
         self.hidden_masks, self.hidden_site, self.attention_site = None, 0, 0
 
     def _coordinates(self, kind: str, shape: tuple, make) -> torch.Tensor:
+        """The group ids (times GAMMA) of a site kind's elements at `shape`, kept while the shape repeats."""
         cached = self._ids.get(kind)
-        if cached is None or cached.shape != shape:
-            cached = self._ids[kind] = make() * GAMMA
-        return cached
+        if cached is None or cached[0] != shape:
+            cached = self._ids[kind] = (shape, make() * GAMMA)
+        return cached[1]
 
     @staticmethod
-    def _masks(ids: torch.Tensor, keys: torch.Tensor, rate: float, dtype) -> torch.Tensor:
-        kept = (mix64(ids + keys) & ((1 << KEEP_BITS) - 1)) < round((1 - rate) * (1 << KEEP_BITS))
+    def _masks(groups: torch.Tensor, keys: torch.Tensor, rate: float, dtype, width: int) -> torch.Tensor:
+        """Masks from the hashes of `groups` (ids of 4 elements each along the last axis) under `keys`, the
+        last axis cut to `width`."""
+        lanes = mix64(groups + keys).view(torch.int16)[..., :width]
+        kept = lanes < round((1 - rate) * (1 << 16)) - (1 << 15)
         return (kept * (1.0 / (1 - rate))).to(dtype)
+
+    @staticmethod
+    def _rows(count: int, width: int, device) -> torch.Tensor:
+        """Group ids of a [count, width] grid numbered row by row, ceil(width / 4) groups a row."""
+        groups = -(-width // LANES)
+        return torch.arange(count * groups, device=device).view(count, groups)
 
     def hidden(self, x: torch.Tensor, batch: PackBatch) -> torch.Tensor:  # x [P, N, H]
         if self.hidden_p == 0:
             return x
         if self.hidden_masks is None:  # [sites, P, N, H]
             N, H = x.shape[1:]
-            ids = self._coordinates("hidden", (N, H), lambda: torch.arange(N * H, device=x.device).view(N, H))
+            ids = self._coordinates("hidden", (N, H), lambda: self._rows(N, H, x.device))
             keys = self.site_keys[:, :self.hidden_sites].T[:, :, None, None]
-            self.hidden_masks = self._masks(ids, keys, self.hidden_p, x.dtype)
+            self.hidden_masks = self._masks(ids, keys, self.hidden_p, x.dtype, H)
         mask = self.hidden_masks[self.hidden_site]
         self.hidden_site += 1
         return x * mask
@@ -458,22 +471,23 @@ class Dropout:
         heads, T = probs.shape[1], probs.shape[-1]
 
         def make():
-            grid = torch.arange(T, device=probs.device)
-            sequence_head = torch.arange(B * heads, device=probs.device).view(B, heads, 1, 1) * (SPAN * SPAN)
-            return sequence_head + grid.view(T, 1) * SPAN + grid
+            row = SPAN // LANES  # key groups a query row
+            queries = torch.arange(T, device=probs.device).view(T, 1) * row
+            sequence_head = torch.arange(B * heads, device=probs.device).view(B, heads, 1, 1) * (SPAN * row)
+            return sequence_head + queries + torch.arange(-(-T // LANES), device=probs.device)
 
         ids = self._coordinates("attention", (B, heads, T, T), make)
         keys = self.site_keys[:, self.hidden_sites + self.attention_site].view(P, 1, 1, 1, 1)
         self.attention_site += 1
         view = probs.view(P, B, heads, T, T)
-        return (view * self._masks(ids, keys, self.attention_p, probs.dtype)).view_as(probs)
+        return (view * self._masks(ids, keys, self.attention_p, probs.dtype, T)).view_as(probs)
 
     def classifier(self, x: torch.Tensor) -> torch.Tensor:  # x [P, B, H]
         if self.classifier_p == 0:
             return x
         B, H = x.shape[1:]
-        ids = self._coordinates("classifier", (B, H), lambda: torch.arange(B * H, device=x.device).view(B, H))
-        return x * self._masks(ids, self.site_keys[:, -1].view(-1, 1, 1), self.classifier_p, x.dtype)
+        ids = self._coordinates("classifier", (B, H), lambda: self._rows(B, H, x.device))
+        return x * self._masks(ids, self.site_keys[:, -1].view(-1, 1, 1), self.classifier_p, x.dtype, H)
 
 
 # --- the encoder -------------------------------------------------------------------------------------------
