@@ -9,11 +9,14 @@ own clock; trials are scheduled in grid order, each to the first free slot, afte
   folder, the synthetic task, a task file); a hub task in a dry run (nothing is downloaded) is counted from
   typical lengths (`TYPICAL_TOKENS`), said so. A stored row of the same trial gives its FLOPs exactly.
 - Peak: the data sheets' dense bf16 peak for a GPU (`trainables.cost.GPU_PEAK_FLOPS`); for a CPU, the fp32
-  matmul peak of one trial's threads, as a trial measures it (the store's rows' own, else measured now).
+  matmul peak of one trial's threads, as a trial measures it: in a dry run measured now (the rows' MFU is
+  relative to the peak each measured under its own load, so rows run on a busier or quieter machine carry
+  over), in `sweep status` the running sweep's rows' own.
 - MFU: the model FLOPs (x pack size) of the finished rows on that kind of device over their wall seconds, in
-  all, over their median peak, else `DEFAULT_MFU`: in a dry run every sweep's rows under `--storage` (the same
-  model's when there are some), in `sweep status` the running sweep's own. A GPU row is read as its pack
-  holding one whole device.
+  all, over their median peak: in a dry run every sweep's rows under `--storage` (the same model's when there
+  are some), weighed against `DEFAULT_MFU` as if it were `PRIOR_ROWS` rows (a machine's speed moves 15-20%
+  from one sweep to the next here, so two rows are mostly the default and forty mostly theirs); in `sweep
+  status` the running sweep's own alone. A GPU row is read as its pack holding one whole device.
 - Slots: on a CPU, the CPUs over `--cpus-per-trial` (this machine's, or the cluster's when Ray runs); on a GPU,
   one device's throughput (trials sharing it share it): wall time on one device, and its GPU-hours.
 """
@@ -29,11 +32,14 @@ import pandas as pd
 
 # --estimate-for: a CPU (this machine's kind) or a GPU of the data sheets.
 DEVICES = ("cpu", "a10g", "a100", "h100", "h200", "l4", "l40s", "t4", "v100")
-# MFU over the wall clock when the store has no finished row on that kind of device. CPU: this 2-core VM's
-# MiniLM trials on real SST-2 and CoLA (docs/benchmarks.md, "Precision targets and cost estimates"). GPU: not
+# MFU over the wall clock when the store has no finished row on that kind of device, and the prior its rows are
+# weighed against. CPU: this 2-core VM's MiniLM trials on real SST-2 and CoLA run by the sweep command on an
+# idle machine: 0.437 over the 8 rows of two sweeps and 0.459 for fused_bench's sweep row (docs/benchmarks.md,
+# "Precision targets and cost estimates", 2026-11-24; 0.33 before, from rows run beside the test suite). GPU: not
 # measured in this project (no GPU was lent); BERT finetuning at batch 8 on short, unpadded sentences is bound
 # by kernel launches more than by FLOPs, so an assumption of 5%, replaced by a GPU sweep's own rows.
-DEFAULT_MFU = {"cpu": 0.33, "gpu": 0.05}
+DEFAULT_MFU = {"cpu": 0.44, "gpu": 0.05}
+PRIOR_ROWS = 4
 # Seconds once per sweep (Ray's start, loading and tokenizing the tasks, loading the weights) and per trial
 # outside its own clock (its Ray actor, its row), on this VM (docs/benchmarks.md); a second stage of a
 # precision-targeted sweep starts its Tune run again (Ray stays up).
@@ -131,8 +137,8 @@ def measured_mfu(rows: pd.DataFrame, device: str, model: str | None = None) -> t
 
 
 def rate_for(device: str, rows: pd.DataFrame | None, model: str, cpus_per_trial: float, cpus: float | None = None) -> Rate:
-    """The rate of trials of `model` on `device`: MFU and (on a CPU) peak from the store's rows, else the
-    default MFU and the data sheet's or this CPU's measured peak."""
+    """The rate of trials of `model` on `device`: the store's rows' MFU weighed against the default's
+    (`blended_mfu`), times the data sheet's peak or this CPU's, measured now."""
     from trainables.cost import GPU_PEAK_FLOPS
 
     measured = measured_mfu(rows, device, model)
@@ -140,20 +146,27 @@ def rate_for(device: str, rows: pd.DataFrame | None, model: str, cpus_per_trial:
     if device == "cpu":
         cpus = cpus or os.cpu_count() or 1
         slots, share = max(1, int(cpus // max(cpus_per_trial or 1, 1e-9))), threads
-        peak = measured[1] if measured else cpu_peak(threads)
-        where = f"{peak / 1e9:.0f} GFLOP/s fp32 matmul peak of {threads} thread{'s' * (threads > 1)}, " + \
-                ("as the rows measured it" if measured else "measured here now")
+        peak = cpu_peak(threads)
+        where = f"{peak / 1e9:.0f} GFLOP/s fp32 matmul peak of {threads} thread{'s' * (threads > 1)}, measured here now"
     else:
         key = next(k for k in GPU_PEAK_FLOPS if k.lower() == device)
         slots, share, peak = 1, 1.0, GPU_PEAK_FLOPS[key]
         where = f"{peak / 1e12:.0f} TFLOP/s, {key}'s data-sheet dense bf16 peak"
+    default = DEFAULT_MFU["cpu" if device == "cpu" else "gpu"]
     if measured:
-        mfu = measured[0]
-        source = f"MFU {mfu:.3f}: the FLOPs over the wall seconds of the store's {measured[3]} on {device}"
+        mfu = blended_mfu(measured[0], measured[2], default)
+        source = (f"MFU {mfu:.3f}: the FLOPs over the wall seconds of the store's {measured[3]} on {device} "
+                  f"({measured[0]:.3f} against a {measured[1] / 1e9:.0f} GFLOP/s peak), weighed against the stated "
+                  f"default {default:.2f} as {PRIOR_ROWS} rows")
     else:
-        mfu = DEFAULT_MFU["cpu" if device == "cpu" else "gpu"]
+        mfu = default
         source = f"MFU {mfu:.2f}, the stated default (no finished row on {device} in the store)"
     return Rate(device, peak, mfu, slots, f"{where}; {source}", share=share)
+
+
+def blended_mfu(measured: float, rows: int, default: float, prior_rows: int = PRIOR_ROWS) -> float:
+    """The rows' MFU and the default's, weighed as `rows` against `prior_rows` rows."""
+    return (rows * measured + prior_rows * default) / (rows + prior_rows)
 
 
 @functools.lru_cache(maxsize=None)

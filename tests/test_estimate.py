@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from sweep.cli import main
-from sweep.estimate import (Rate, device_hours, device_kind, measured_mfu, observed_slots, rate_for, schedule_seconds,
+from sweep.estimate import (DEFAULT_MFU, PRIOR_ROWS, Rate, cpu_peak, device_hours, device_kind, measured_mfu, observed_slots, rate_for, schedule_seconds,
                             sweep_seconds, trial_flops)
 
 
@@ -46,8 +46,13 @@ def test_mfu_comes_from_the_stores_finished_rows_on_that_device():
     # A pack of 4 on one GPU: 4 x its share of FLOPs over the pack's wall clock.
     assert measured_mfu(rows, "h100", "a")[0] == pytest.approx(4e14 / (10 * 989e12))
     assert measured_mfu(rows, "a100", "a") is None
+    # A dry run weighs those 3 rows' 0.2 against the default as 4 rows, and prices it at this CPU's peak now.
     rate = rate_for("cpu", rows, "a", cpus_per_trial=1, cpus=2)
-    assert (rate.mfu, rate.peak, rate.slots) == (pytest.approx(0.2), 1e11, 2) and "over the wall seconds" in rate.source
+    assert rate.mfu == pytest.approx((3 * 0.2 + PRIOR_ROWS * DEFAULT_MFU["cpu"]) / (3 + PRIOR_ROWS))
+    assert rate.peak == cpu_peak(1) and rate.slots == 2 and "over the wall seconds of the store's 3 finished" in rate.source
+    many = pd.concat([rows.iloc[:3]] * 100, ignore_index=True)  # 300 rows: theirs, nearly
+    assert rate_for("cpu", many, "a", cpus_per_trial=1, cpus=2).mfu == pytest.approx(0.2, abs=0.004)
+    assert rate_for("cpu", None, "a", cpus_per_trial=1, cpus=2).mfu == DEFAULT_MFU["cpu"]
     # Three trials ran 0-100 s, 50-150 s, 60-160 s: three at once at 60-100 s; a fourth began as the first ended.
     spans = pd.DataFrame({"finished_at": ["2026-11-24T00:01:40+0000", "2026-11-24T00:02:30+0000",
                                           "2026-11-24T00:02:40+0000"], "wall_seconds": [100.0, 100.0, 100.0]})
