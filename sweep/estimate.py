@@ -349,9 +349,11 @@ def dry_run_estimate(specs, settings, args, num_layers: int, folder, raw=None, s
     from the sweep's own rows (`stored`), the rate measured by every sweep's rows under --storage."""
     from sweep.store import location
 
-    stored = stored_rows(folder) if stored is None else stored
+    everything = stored_rows(location(args.storage))
+    if stored is None:  # the sweep's folder lies under the location: none there, none in it (and no second wait
+        stored = stored_rows(folder) if len(everything) else everything  # on a bucket that does not answer)
     flops, note = spec_flops(specs, settings, num_layers, stored, raw)
-    rate = rate_for(chosen_device(args), stored_rows(location(args.storage)), settings.model, args.cpus_per_trial)
+    rate = rate_for(chosen_device(args), everything, settings.model, args.cpus_per_trial)
     return flops, rate, note
 
 

@@ -153,3 +153,13 @@ def run_then_sigkill(argv: list[str], ready, env: dict | None = None, poll: floa
         time.sleep(poll)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+
+
+@pytest.fixture(scope="session")
+def demo_report(tmp_path_factory):
+    """The report (LaTeX tables too) of the hand-made results of every experiment type (tests/test_report_data.py),
+    built once for every module that reads it: building it takes about 20 s. Read it, never write to it."""
+    from analysis.report import build_report
+    from tests.test_report_data import write_results
+
+    return build_report(write_results(tmp_path_factory.mktemp("results")), tmp_path_factory.mktemp("report"), latex=True)

@@ -38,8 +38,8 @@ def rows(results) -> pd.DataFrame:
 
 
 @pytest.fixture(scope="module")
-def report(results, tmp_path_factory):
-    return build_report(results, tmp_path_factory.mktemp("report"), latex=True)
+def report(demo_report):
+    return demo_report
 
 
 # --- Table 1: paired by permutation index -----------------------------------------------------------

@@ -11,18 +11,14 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 
-from analysis.report import build_report
-from tests.test_report_data import write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "report_view.py"
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("report")
-    build_report(write_results(tmp_path_factory.mktemp("results")), out)
-    return out
+def report(demo_report) -> Path:
+    return demo_report.folder
 
 
 def test_pdf_figures_embed_truetype_fonts_and_no_type3(report):
