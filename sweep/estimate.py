@@ -350,8 +350,9 @@ def dry_run_estimate(specs, settings, args, num_layers: int, folder, raw=None, s
     from sweep.store import location
 
     everything = stored_rows(location(args.storage))
-    if stored is None:  # the sweep's folder lies under the location: none there, none in it (and no second wait
-        stored = stored_rows(folder) if len(everything) else everything  # on a bucket that does not answer)
+    if stored is None:  # the sweep's folder lies under the location: a bucket with no row there (or that does
+        # not answer) holds none in it either, and is not waited on twice; a local folder is always read
+        stored = stored_rows(folder) if len(everything) or "://" not in str(folder) else everything
     flops, note = spec_flops(specs, settings, num_layers, stored, raw)
     rate = rate_for(chosen_device(args), everything, settings.model, args.cpus_per_trial)
     return flops, rate, note

@@ -53,6 +53,8 @@ def stop(node: subprocess.Popen) -> None:
     reporting straight to the driver for seconds before the lost raylet is noticed)."""
     import psutil
 
+    if node.poll() is not None:  # stopped already: its pid may be another process's by now
+        return
     try:
         under = psutil.Process(node.pid).children(recursive=True)
     except psutil.NoSuchProcess:

@@ -193,3 +193,5 @@ def test_dropout_keeps_its_rate_and_a_trials_masks_see_neither_padding_nor_pack_
     assert torch.equal(alone[1][0], padded[1][1, :, :, :58, :58])
     assert torch.equal(alone[2][0], padded[2][1])
     assert not torch.equal(masks([8], 650, 58, step=4)[0], alone[0]), "each step draws anew"
+    tiny = Dropout([7], hidden=1e-6, attention=0.0, classifier=0.0, num_layers=2, device="cpu")
+    assert (tiny.hidden(torch.ones(1, 700, 10), None) > 0).all(), "a rate below 2^-17 keeps every element"

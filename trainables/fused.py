@@ -445,7 +445,8 @@ class Dropout:
         """Masks from the hashes of `groups` (ids of 4 elements each along the last axis) under `keys`, the
         last axis cut to `width`."""
         lanes = mix64(groups + keys).view(torch.int16)[..., :width]
-        kept = lanes < round((1 - rate) * (1 << 16)) - (1 << 15)
+        keep = round((1 - rate) * (1 << 16))  # lane values kept, of 2^16; the bound below always fits an int16
+        kept = lanes <= keep - (1 << 15) - 1 if keep > 0 else torch.zeros_like(lanes, dtype=torch.bool)
         return (kept * (1.0 / (1 - rate))).to(dtype)
 
     @staticmethod
