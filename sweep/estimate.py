@@ -147,21 +147,25 @@ def rate_for(device: str, rows: pd.DataFrame | None, model: str, cpus_per_trial:
         cpus = cpus or os.cpu_count() or 1
         slots, share = max(1, int(cpus // max(cpus_per_trial or 1, 1e-9))), threads
         peak = cpu_peak(threads)
-        where = f"{peak / 1e9:.0f} GFLOP/s fp32 matmul peak of {threads} thread{'s' * (threads > 1)}, measured here now"
+        where = f"{flops_per_second(peak)} fp32 matmul peak of {threads} thread{'s' * (threads > 1)}, measured here now"
     else:
         key = next(k for k in GPU_PEAK_FLOPS if k.lower() == device)
         slots, share, peak = 1, 1.0, GPU_PEAK_FLOPS[key]
-        where = f"{peak / 1e12:.0f} TFLOP/s, {key}'s data-sheet dense bf16 peak"
+        where = f"{flops_per_second(peak)}, {key}'s data-sheet dense bf16 peak"
     default = DEFAULT_MFU["cpu" if device == "cpu" else "gpu"]
     if measured:
         mfu = blended_mfu(measured[0], measured[2], default)
         source = (f"MFU {mfu:.3f}: the FLOPs over the wall seconds of the store's {measured[3]} on {device} "
-                  f"({measured[0]:.3f} against a {measured[1] / 1e9:.0f} GFLOP/s peak), weighed against the stated "
+                  f"({measured[0]:.3f} against their {flops_per_second(measured[1])} peak), weighed against the stated "
                   f"default {default:.2f} as {PRIOR_ROWS} rows")
     else:
         mfu = default
         source = f"MFU {mfu:.2f}, the stated default (no finished row on {device} in the store)"
     return Rate(device, peak, mfu, slots, f"{where}; {source}", share=share)
+
+
+def flops_per_second(peak: float) -> str:
+    return f"{peak / 1e12:.0f} TFLOP/s" if peak >= 1e12 else f"{peak / 1e9:.0f} GFLOP/s"
 
 
 def blended_mfu(measured: float, rows: int, default: float, prior_rows: int = PRIOR_ROWS) -> float:
@@ -350,9 +354,8 @@ def dry_run_estimate(specs, settings, args, num_layers: int, folder, raw=None, s
     from sweep.store import location
 
     everything = stored_rows(location(args.storage))
-    if stored is None:  # the sweep's folder lies under the location: a bucket with no row there (or that does
-        # not answer) holds none in it either, and is not waited on twice; a local folder is always read
-        stored = stored_rows(folder) if len(everything) or "://" not in str(folder) else everything
+    if stored is None:  # the sweep's folder lies under the location: no row there (or a bucket that does not
+        stored = stored_rows(folder) if len(everything) else everything  # answer), none in it: asked once
     flops, note = spec_flops(specs, settings, num_layers, stored, raw)
     rate = rate_for(chosen_device(args), everything, settings.model, args.cpus_per_trial)
     return flops, rate, note
@@ -420,4 +423,4 @@ def remaining_line(trials: pd.DataFrame, stored: pd.DataFrame, not_run: str) -> 
     seconds = sweep_seconds(flops, rate, started=True)
     return (f"remaining: {len(left)} trials not yet run (or running), about {hours(seconds)} on {slots} "
             f"slot{'s' * (slots > 1)} at the rate of its {measured[2]} finished rows (MFU {measured[0]:.3f} of "
-            f"{measured[1] / 1e9:.0f} GFLOP/s)")
+            f"{flops_per_second(measured[1])})")

@@ -403,6 +403,11 @@ def mix64(z: torch.Tensor) -> torch.Tensor:
     return z ^ ((z >> 31) & ((1 << 33) - 1))
 
 
+def lane_groups(width: int) -> int:
+    """Hashes a row of `width` elements needs, LANES elements each."""
+    return -(-width // LANES)
+
+
 def dropout_keys(seeds) -> np.ndarray:
     return np.array([_signed(int(np.random.SeedSequence([int(s), DROPOUT_STREAM]).generate_state(1, np.uint64)[0]))
                      for s in seeds], dtype=np.int64)
@@ -452,8 +457,7 @@ class Dropout:
     @staticmethod
     def _rows(count: int, width: int, device) -> torch.Tensor:
         """Group ids of a [count, width] grid numbered row by row, ceil(width / 4) groups a row."""
-        groups = -(-width // LANES)
-        return torch.arange(count * groups, device=device).view(count, groups)
+        return torch.arange(count * lane_groups(width), device=device).view(count, lane_groups(width))
 
     def hidden(self, x: torch.Tensor, batch: PackBatch) -> torch.Tensor:  # x [P, N, H]
         if self.hidden_p == 0:
@@ -475,7 +479,7 @@ class Dropout:
             row = SPAN // LANES  # key groups a query row
             queries = torch.arange(T, device=probs.device).view(T, 1) * row
             sequence_head = torch.arange(B * heads, device=probs.device).view(B, heads, 1, 1) * (SPAN * row)
-            return sequence_head + queries + torch.arange(-(-T // LANES), device=probs.device)
+            return sequence_head + queries + torch.arange(lane_groups(T), device=probs.device)
 
         ids = self._coordinates("attention", (B, heads, T, T), make)
         keys = self.site_keys[:, self.hidden_sites + self.attention_site].view(P, 1, 1, 1, 1)
