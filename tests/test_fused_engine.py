@@ -195,3 +195,47 @@ def test_dropout_keeps_its_rate_and_a_trials_masks_see_neither_padding_nor_pack_
     assert not torch.equal(masks([8], 650, 58, step=4)[0], alone[0]), "each step draws anew"
     tiny = Dropout([7], hidden=1e-6, attention=0.0, classifier=0.0, num_layers=2, device="cpu")
     assert (tiny.hidden(torch.ones(1, 700, 10), None) > 0).all(), "a rate below 2^-17 keeps every element"
+
+
+def test_the_last_layers_first_token_masks_are_the_rows_of_the_whole_ones():
+    """The last layer runs on each sequence's first token alone; its dropout must be what the whole layer's
+    would have been there."""
+    from types import SimpleNamespace
+
+    from trainables.fused import Dropout
+
+    def drawn(first_only: bool):
+        drop = Dropout([7, 8], hidden=0.1, attention=0.25, classifier=0.0, num_layers=1, device="cpu")
+        drop.begin(5)
+        batch, rows = SimpleNamespace(lengths=torch.zeros(2, 3)), torch.tensor([0, 4, 9, 50, 53, 60])
+        embeddings = drop.hidden(torch.ones(2, 50, 10), batch)
+        queries = 1 if first_only else 13
+        attention = drop.attention(torch.ones(6, 4, queries, 13), batch)
+        after = [drop.hidden(torch.ones(2, 3, 10), batch, rows) if first_only else
+                 drop.hidden(torch.ones(2, 50, 10), batch).reshape(-1, 10)[rows].view(2, 3, 10) for _ in range(2)]
+        return embeddings, attention, after
+
+    (emb, first, after), (whole_emb, whole, whole_after) = drawn(True), drawn(False)
+    assert torch.equal(emb, whole_emb) and torch.equal(first, whole[:, :, :1])
+    assert all(torch.equal(a, b) for a, b in zip(after, whole_after)) and not torch.equal(after[0], after[1])
+    assert (first == 0).any() and (after[0] == 0).any(), "the masks drop something"
+
+
+def test_adamw_over_the_vocabulary_rows_the_data_touches_changes_no_number(quiet, synthetic, monkeypatch):
+    """Without weight decay only the word rows of the trials' own tokens are stepped; the whole table stepped
+    must give the very same bits (two learning rates: two groups of rows)."""
+    import trainables.fused as fused
+
+    cfgs = [dataclasses.replace(MIXED[i], weight_decay=0.0) for i in (0, 3, 7)]
+    pack = Pack(cfgs, synthetic, quiet)
+    rows = pack.optimizer.word_rows
+    V = pack.layout.shapes["word"][0]
+    assert rows is not None and len(rows) == 2 and sum(len(r) for r in rows.values()) < 3 * V / 2
+    assert Pack([MIXED[0], cfgs[1]], synthetic, quiet).optimizer.word_rows is None, "decay moves every row"
+    monkeypatch.setattr(fused, "vocabulary_rows", lambda pack: None)
+    whole = Pack(cfgs, synthetic, quiet)
+    for _ in range(2):
+        pack.train_epoch(), whole.train_epoch()
+    assert all(torch.equal(a, b) for a, b in zip(pack.banks, whole.banks))
+    assert all(torch.equal(a, b) for a, b in zip(pack.exp_avg, whole.exp_avg))
+    assert not torch.equal(pack.banks[0], Pack(cfgs, synthetic, quiet).banks[0]), "the word table did train"
