@@ -6,6 +6,7 @@ from a resolved Sweep to rows, for the command line and the Python API (sweep.ap
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import collections
 import dataclasses
@@ -414,6 +415,7 @@ class Planned:
     note: str
     raw: dict | None
     pretrained: object = None  # the model's weights, loaded to fingerprint them (None in a dry run)
+    ray_started: bool = False  # Ray was started while they loaded: the run shuts it down
 
 
 def plan(sweep: Sweep, dry_run: bool) -> Planned:
@@ -453,25 +455,40 @@ def plan(sweep: Sweep, dry_run: bool) -> Planned:
     if count > MAX_TRIALS:
         raise Refused([f"--trials: {' '.join(map(trial_word, grid.trials))} make a grid of {count:,} trials; "
                        f"one sweep plans at most {MAX_TRIALS:,} (split it into several --name)"])
-    pretrained = None
+    pretrained, ray_started = None, False
+    folder = rows_dir(sweep.run.storage, sweep.name)
     if not dry_run:  # what the trials will read, loaded once: its fingerprints are part of every trial id
-        print(f"loading {grid.model}", flush=True)
-        try:
-            pretrained = buildable(grid.model)
-        except (OSError, ValueError) as err:
-            raise Refused([f"--model: '{grid.model}' cannot be built: {err}"]) from None
-        raw = {**load_raw_tasks(grid, [t for t in tasks if t not in raw]), **raw}
+        stored = stored_fingerprints(folder)
+
+        def load():
+            print(f"loading {grid.model}", flush=True)
+            try:
+                weights = buildable(grid.model)
+            except (OSError, ValueError) as err:
+                raise Refused([f"--model: '{grid.model}' cannot be built: {err}"]) from None
+            return weights, {**load_raw_tasks(grid, [t for t in tasks if t not in raw]), **raw}
+
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="load") as pool:
+            loading = pool.submit(load)
+            # A sweep with no rows yet runs trials: Ray starts while the weights and data load (2-3 s each)
+            if len(stored) == 0 and sweep.run.target_ci is None:
+                ray_started = start_ray_if_none(sweep.run.address)
+            try:
+                pretrained, raw = loading.result()
+            except BaseException:
+                stop_ray(ray_started)
+                raise
         grid = with_fingerprints(grid, {t: raw[t] for t in tasks}, pretrained)
         sweep = dataclasses.replace(sweep, grid=grid)
     specs = experiment.build(grid_settings(grid, sweep), limits.num_layers, limits.num_heads)
-    folder = rows_dir(sweep.run.storage, sweep.name)
     lines = []
     if not dry_run:
-        specs, lines = reconcile(specs, stored_fingerprints(folder))
+        specs, lines = reconcile(specs, stored)
     plan_function = experiment.plan_function() or plan_trials
     todo, planned, rerun_skips, table, note = plan_function(specs, folder, sweep, read=not dry_run)
     note = "\n".join(line for line in [note, *lines] if line)
-    return Planned(specs, todo, planned, tuple(rerun_skips), table, note, raw or None, pretrained), sweep, limits
+    return Planned(specs, todo, planned, tuple(rerun_skips), table, note, raw or None, pretrained,
+                   ray_started), sweep, limits
 
 
 def execute(sweep: Sweep, *, argv: list[str] | None = None, callbacks=(), dry_run: bool | None = None):
@@ -530,13 +547,16 @@ def planned_and_run(sweep: Sweep, argv, callbacks, dry_run: bool):
 
             print(estimate_text(planned.specs, sweep.grid, sweep, limits.num_layers, folder, planned.raw))
         return pd.DataFrame(planned.rows), None, 0
-    record_sweep(sweep, argv, planned.rows, planned.rerun_skips)
-    todo = planned.todo
-    print(f"{len(planned.specs) - len(todo)} already done, {len(todo)} to run")
-    results = None
-    if todo:
-        extra = {"callbacks": list(callbacks)} if callbacks else {}
-        results = run(todo, sweep.grid, sweep, folder, planned.pretrained, planned.raw, **extra)
+    try:
+        record_sweep(sweep, argv, planned.rows, planned.rerun_skips)
+        todo = planned.todo
+        print(f"{len(planned.specs) - len(todo)} already done, {len(todo)} to run")
+        results = None
+        if todo:
+            extra = {"callbacks": list(callbacks)} if callbacks else {}
+            results = run(todo, sweep.grid, sweep, folder, planned.pretrained, planned.raw, **extra)
+    finally:
+        stop_ray(planned.ray_started)
     rows, code = report(folder, {row["trial_id"] for row in planned.rows}, planned.table)
     return rows, results, code
 
@@ -660,6 +680,24 @@ def start_ray(address: str | None) -> None:
         from sweep.checks import connection_problem
 
         raise Refused([connection_problem(address, err)]) from None
+
+
+def start_ray_if_none(address: str | None) -> bool:
+    """start_ray unless this process is already connected to a Ray (the Python API's caller may be); whether
+    it started one."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    start_ray(address)
+    return True
+
+
+def stop_ray(started: bool) -> None:
+    import ray
+
+    if started and ray.is_initialized():
+        ray.shutdown()  # before the interpreter exits, so workers stop quietly instead of by SIGTERM
 
 
 def run(todo: list[TrialSpec], settings: GridSettings, options: Sweep, folder: Path, pretrained, raw: dict | None = None,

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from datasets.fingerprint import Hasher
 
 from trainables.tasks import Task, get_task
 
@@ -70,6 +69,8 @@ def tokenizer_fingerprint(tokenizer) -> str:
     state = json.loads(tokenizer.backend_tokenizer.to_str())
     for volatile in ("truncation", "padding"):
         state.pop(volatile, None)
+    from datasets.fingerprint import Hasher  # here: trial workers, which get tokenized tasks, never load datasets
+
     return Hasher.hash([type(tokenizer).__name__, state])
 
 
@@ -83,6 +84,8 @@ def tokenize_split(dataset, tokenizer, max_length: int, cache_dir: str | Path | 
         encoded = tokenizer(batch["text_a"], batch["text_b"] if pair else None, truncation=True,
                             max_length=max_length, return_token_type_ids=True, return_attention_mask=False)
         return {"input_ids": encoded["input_ids"], "token_type_ids": encoded["token_type_ids"]}
+
+    from datasets.fingerprint import Hasher
 
     key = Hasher.hash([TOKENIZED_FORMAT, dataset.data.table, tokenizer_fingerprint(tokenizer), max_length])
     cache_file = str(Path(cache_dir) / f"tokenized-{key}.arrow") if cache_dir is not None else None

@@ -9,8 +9,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import scipy.stats
-from scipy.stats.contingency import crosstab
 
 from trainables.tasks import SQUAD_V2, Task, get_task
 
@@ -92,6 +90,8 @@ def accuracy(predictions: np.ndarray, labels: np.ndarray) -> float:
 
 def matthews_correlation(predictions: np.ndarray, labels: np.ndarray) -> float:
     """Gorodkin's multi-class MCC from the confusion matrix; for two classes it is the phi coefficient."""
+    from scipy.stats.contingency import crosstab  # here: scipy.stats is half a second of every worker's start
+
     classes = np.union1d(predictions, labels)
     confusion = crosstab(labels, predictions, levels=(classes, classes)).count.astype(np.float64)
     true_counts, predicted_counts = confusion.sum(axis=1), confusion.sum(axis=0)
@@ -114,13 +114,16 @@ def macro_f1(predictions: np.ndarray, labels: np.ndarray) -> float:
     return float(np.mean([f1(predictions, labels, positive=c) for c in np.union1d(predictions, labels)]))
 
 
-def correlation(statistic):
+def correlation(name: str):
+    """scipy.stats' `name` correlation, imported when first computed."""
     def compute(predictions: np.ndarray, labels: np.ndarray) -> float:
         if np.all(predictions == predictions[0]) or np.all(labels == labels[0]):
             return 0.0  # undefined: scipy would warn and return nan
-        return float(statistic(predictions, labels).statistic)
+        import scipy.stats
 
-    compute.__name__ = statistic.__name__
+        return float(getattr(scipy.stats, name)(predictions, labels).statistic)
+
+    compute.__name__ = name
     return compute
 
 
@@ -129,6 +132,6 @@ METRICS = {
     "matthews_correlation": matthews_correlation,
     "f1": f1,
     "macro_f1": macro_f1,
-    "pearson": correlation(scipy.stats.pearsonr),
-    "spearman": correlation(scipy.stats.spearmanr),
+    "pearson": correlation("pearsonr"),
+    "spearman": correlation("spearmanr"),
 }
