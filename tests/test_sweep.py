@@ -115,3 +115,21 @@ def test_same_trial_through_the_sweep_twice_gives_the_same_numbers(ray_local, ti
     for column in ["dev_metric", "train_loss"]:
         assert first[column].tolist() == second[column].tolist(), column
     assert first["dev_metrics_by_epoch"].map(list).tolist() == second["dev_metrics_by_epoch"].map(list).tolist()
+
+
+def test_the_command_exits_with_its_code_after_its_threads_and_exit_handlers_finish(tmp_path):
+    """`python -m sweep` leaves without the interpreter's teardown (sweep.cli.exit_now), but never before a
+    thread still writing, or an exit handler, is done."""
+    import subprocess
+    import sys
+
+    script = (f"import atexit, pathlib, threading, time\n"
+              f"from sweep.cli import exit_now\n"
+              f"folder = pathlib.Path({str(tmp_path)!r})\n"
+              f"atexit.register(lambda: (folder / 'handler').write_text('ran'))\n"
+              f"threading.Thread(target=lambda: (time.sleep(0.5), (folder / 'thread').write_text('done'))).start()\n"
+              f"print('printed', end='')\n"
+              f"exit_now(3)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3 and done.stdout == "printed", done.stderr
+    assert (tmp_path / "thread").read_text() == "done" and (tmp_path / "handler").read_text() == "ran"

@@ -799,8 +799,11 @@ def clip_per_trial(pack: "Pack", max_norms: torch.Tensor) -> torch.Tensor:
     grads = pack.grads[1]
     norms = (torch.linalg.vector_norm(grads, dim=1, dtype=torch.float32).pow(2) + pack.words.squared_norms()).sqrt()
     coef = torch.where(max_norms > 0, (max_norms / (norms + 1e-6)).clamp(max=1.0), 1.0)
-    grads.mul_(coef.unsqueeze(1).to(grads.dtype))
-    pack.words.scale(coef)
+    # A coefficient of exactly 1 changes no gradient: on a CPU, where asking costs nothing, a step with no trial
+    # clipped skips the pass over the gradients (1.6 ms of a MiniLM step); a GPU would have to wait to know.
+    if grads.device.type != "cpu" or bool((coef < 1).any()):
+        grads.mul_(coef.unsqueeze(1).to(grads.dtype))
+        pack.words.scale(coef)
     return (max_norms > 0) & (norms > max_norms)
 
 
