@@ -10,9 +10,11 @@ import concurrent.futures
 import contextlib
 import collections
 import dataclasses
+import importlib
 import os
 import shlex
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -697,6 +699,8 @@ def stop_ray(started: bool) -> None:
     import ray
 
     if started and ray.is_initialized():
+        # The summary's statistics import scipy (a second) while Ray's shutdown waits for its processes to end
+        threading.Thread(target=importlib.import_module, args=("scipy.stats",), daemon=True).start()
         ray.shutdown()  # before the interpreter exits, so workers stop quietly instead of by SIGTERM
 
 

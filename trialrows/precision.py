@@ -32,7 +32,6 @@ import math
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from trialrows.pairing import PAIR_COLUMNS, computation_columns, full_model_mask, full_model_rows
 from trialrows.read import FINISHED, finished_times
@@ -75,6 +74,8 @@ class Target:
 @functools.lru_cache(maxsize=None)
 def t_quantile(pilot_values: int, confidence: float = CONFIDENCE) -> float:
     """Student's t quantile of a two-sided interval with `pilot_values` - 1 degrees of freedom."""
+    from scipy import stats  # here, as every scipy import of trialrows: a second of every command's start
+
     return float(stats.t.ppf((1 + confidence) / 2, pilot_values - 1))
 
 
@@ -152,6 +153,8 @@ def outcome(finished: dict[int, float], target: Target) -> Outcome:
 def expected_trials(sigma: float, target: Target, points: int = 2000) -> float:
     """The expected N of a condition whose values have standard deviation `sigma` (normal data): N averaged
     over the pilot variance's distribution, s0^2 ~ sigma^2 chi2(n0 - 1) / (n0 - 1), cap included."""
+    from scipy import stats
+
     df = target.pilot - 1
     chi2 = stats.chi2.ppf((np.arange(points) + 0.5) / points, df)
     s0 = sigma * np.sqrt(chi2 / df)

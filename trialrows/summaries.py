@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from trialrows.read import as_list
 from trialrows.conditions import (  # noqa: F401  (re-exported: the summaries' readers use them)
@@ -37,6 +36,8 @@ def t_interval(values, confidence: float = 0.95) -> tuple[float, float]:
         return float("nan"), float("nan")
     if np.all(values == values[0]):  # zero spread: scipy would return nan from 0 * inf
         return float(values[0]), float(values[0])
+    from scipy import stats  # here: a second of every command's start (sweep.cli reads these modules)
+
     low, high = stats.t.interval(confidence, len(values) - 1, loc=values.mean(), scale=stats.sem(values))
     return float(low), float(high)
 
@@ -84,6 +85,8 @@ def summarize(rows: pd.DataFrame, by: list[str], value: str = "dev_metric", conf
                        excluded=("_left", "sum"), diverged=("_diverged", "sum"), _first=("_line", "min"),
                        _last=("_line", "max"))
     table = (table.reset_index() if by else table.reset_index(drop=True))
+    from scipy import stats
+
     n = table["n"].to_numpy()
     half = stats.t.ppf((1 + confidence) / 2, np.maximum(n - 1, 1)) * table["std"].to_numpy() / np.sqrt(np.maximum(n, 1))
     half = np.where(table["std"].to_numpy() == 0, 0.0, half)  # zero spread: an interval of one point
