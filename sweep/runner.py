@@ -1,6 +1,7 @@
 """Running a list of trials on Ray Tune and landing each finished one as a Parquet row."""
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import sys
@@ -217,11 +218,39 @@ def fit(tuner, tune_dir):
     permission) ends the run with one line naming the folder instead of a traceback. Rows landed so far stand,
     and a rerun runs what is left."""
     try:
-        return tuner.fit()
+        with callback_counting_without_trackers():
+            return tuner.fit()
     except OSError as err:
         raise Refused([f"--storage: the sweep stopped: Ray Tune could not write under {tune_dir} ({err}); the rows "
                        "landed so far stand, and running the same command again, with space there, runs what is "
                        "left"]) from err
+
+
+TRACKERS = ("ray.air.integrations.", "ray.tune.logger.aim")  # where Ray's tracker callbacks are defined
+
+
+@contextlib.contextmanager
+def callback_counting_without_trackers():
+    """Ray Tune counts a run's callbacks by class for its usage statistics (ray.air._internal.usage), and imports
+    every tracker integration it knows to compare against, MLflow's and W&B's clients among them when installed:
+    0.9 s of the driver before the first trial can start. A run whose callbacks are only the sweep's own (no
+    --logger) has no tracker to count, so the count is skipped for it; with a tracker, Ray counts as before."""
+    from ray.air._internal import usage
+
+    count = getattr(usage, "tag_callbacks", None)
+    if count is None:  # another Ray: nothing to skip
+        yield
+        return
+
+    def tag_callbacks(callbacks):
+        trackers = [c for c in callbacks or () for cls in type(c).__mro__ if cls.__module__.startswith(TRACKERS)]
+        return count(callbacks) if trackers else False
+
+    usage.tag_callbacks = tag_callbacks
+    try:
+        yield
+    finally:
+        usage.tag_callbacks = count
 
 
 def say_unwritten(writer: RowWriter, folder) -> None:

@@ -81,3 +81,10 @@ def test_no_import_loops():
                 if nxt not in seen:
                     seen.add(nxt)
                     stack.append((nxt, [*path, nxt]))
+
+
+def test_a_trial_worker_loads_neither_datasets_nor_scipy_nor_a_tracker():
+    """A Ray worker that trains (the trainable, the fused engine) gets tokenized tasks and computes no interval:
+    datasets, scipy and the trackers' clients are seconds of every trial process's start that it never uses."""
+    code = "import trainables.tune_trainable, trainables.fused, trainables.finetune, trainables.probing"
+    assert loaded_packages(code, {"datasets", "scipy", "mlflow", "wandb"}) == []

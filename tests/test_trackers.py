@@ -53,3 +53,23 @@ def test_a_tracker_without_its_client_is_refused_before_any_work(tmp_path, capsy
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
     assert main(["incremental", "--logger", "wandb", "--storage", str(tmp_path / "s"), "--dry-run"]) == 2
     assert "--logger: wandb needs the wandb package" in capsys.readouterr().err
+
+
+def test_a_run_without_a_tracker_never_loads_a_trackers_client():
+    """Ray Tune's usage count of a run's callbacks imports every tracker integration (MLflow's client among
+    them); the sweep skips that count when its callbacks are its own, and leaves it to Ray when a tracker is in."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("mlflow")
+    code = ("import sys; from ray.air._internal import usage; from sweep.runner import RowWriter, "
+            "callback_counting_without_trackers as scoped\n"
+            "calls = []; usage.tag_callbacks = lambda cbs: calls.append(len(cbs))\n"
+            "with scoped(): usage.tag_callbacks([RowWriter('/nonexistent')])\n"
+            "print('mlflow' in sys.modules, calls)\n"
+            "from ray.air.integrations.mlflow import MLflowLoggerCallback\n"
+            "with scoped(): usage.tag_callbacks([MLflowLoggerCallback()])\n"
+            "print(calls, usage.tag_callbacks.__name__)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
+    assert out[0] == "False []"  # skipped, and nothing imported MLflow
+    assert out[1] == "[1] <lambda>"  # counted by Ray's own function with a tracker, which is put back afterwards

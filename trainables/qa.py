@@ -21,7 +21,6 @@ import dataclasses
 import re
 import string
 
-import datasets
 import numpy as np
 import torch
 from torch import nn

@@ -17,9 +17,6 @@ import math
 from collections.abc import Mapping
 from pathlib import Path
 
-import datasets
-
-from trainables.synthetic import make_synthetic
 from trialrows.recipe import QA_TASK as SQUAD_V2  # question answering: trainables.qa
 
 HUB_DATASET = "nyu-mll/glue"
@@ -94,6 +91,8 @@ def load_task(name: str, data_dir: str | None = None, *, synthetic_seed: int = 0
         return load_task_source(sources[name])
     task = get_task(name)
     if task.name == SYNTHETIC:
+        from trainables.synthetic import make_synthetic  # it imports datasets, which trial workers never need
+
         train, validation = make_synthetic(seed=synthetic_seed)
         return TaskData(task, train, validation, "synthetic")
     if task.name == SQUAD_V2:
@@ -107,6 +106,8 @@ def load_task(name: str, data_dir: str | None = None, *, synthetic_seed: int = 0
 
 
 def split_features(task: Task) -> datasets.Features:
+    import datasets  # here: trial workers get tokenized tasks and never load one (0.3 s a start)
+
     columns = {"text_a": datasets.Value("string")}
     if task.is_pair:
         columns["text_b"] = datasets.Value("string")
@@ -119,6 +120,8 @@ def split_features(task: Task) -> datasets.Features:
 
 
 def load_hub_splits(task: Task) -> tuple[datasets.Dataset, datasets.Dataset]:
+    import datasets
+
     glue = datasets.load_dataset(HUB_DATASET, task.name)
     return tuple(to_task_columns(task, glue[split]) for split in ("train", "validation"))
 
@@ -171,6 +174,8 @@ def glue_file(task: Task, data_dir: Path, split: str) -> Path:
 
 
 def read_glue_split(task: Task, data_dir: Path, split: str) -> datasets.Dataset:
+    import datasets
+
     path = glue_file(task, data_dir, split)
     layout = GLUE_LAYOUTS[task.name]
     texts: list[list[str]] = [[] for _ in layout.text_columns]
@@ -291,6 +296,8 @@ Records = list[tuple[str, dict]]  # (where: "FILE, line N", the example's column
 
 def task_split(source: TaskSource, task: Task, records: Records) -> datasets.Dataset:
     """Records as a split of the common schema: text_a (text_b), label (a class id, or a float)."""
+    import datasets
+
     texts = [[text_value(where, record, column) for where, record in records] for column in source.text_columns]
     for column, values in zip(source.text_columns, texts):
         if not any(v.strip() for v in values):  # every example would train on its special tokens alone
@@ -388,6 +395,8 @@ def read_delimited(path: Path, delimiter: str) -> Records:
 
 
 def read_hub_split(source: TaskSource, split: str) -> Records:
+    import datasets
+
     dataset, _, config = source.location[len(HUB_PREFIX):].partition(":")
     loaded = datasets.load_dataset(dataset, config or None, split=split)
     return [(f"{source.location} split '{split}', row {i}", row) for i, row in enumerate(loaded.to_list(), start=1)]
@@ -462,6 +471,8 @@ SHAPE = '{"version", "data": [{"title", "paragraphs": [{"context", "qas": [{"id"
 def load_squad(data_dir: str | None = None) -> TaskData:
     """SQuAD 2.0's train and dev splits, from the official files under `data_dir` or from the hub; one row
     per question: id, question, context, answers {text, answer_start} (empty lists: unanswerable)."""
+    import datasets
+
     if data_dir is not None:
         root = Path(data_dir).resolve()
         train, validation = (read_squad_file(root / SQUAD_FILES[split]) for split in ("train", "validation"))
@@ -476,6 +487,8 @@ def load_squad(data_dir: str | None = None) -> TaskData:
 
 
 def read_squad_file(path: Path) -> datasets.Dataset:
+    import datasets
+
     if not path.is_file():
         raise FileNotFoundError(f"task '{SQUAD_V2}': expected the official file {path}")
     try:
