@@ -458,39 +458,39 @@ def plan(sweep: Sweep, dry_run: bool) -> Planned:
         raise Refused([f"--trials: {' '.join(map(trial_word, grid.trials))} make a grid of {count:,} trials; "
                        f"one sweep plans at most {MAX_TRIALS:,} (split it into several --name)"])
     pretrained, ray_started = None, False
-    folder = rows_dir(sweep.run.storage, sweep.name)
-    if not dry_run:  # what the trials will read, loaded once: its fingerprints are part of every trial id
-        stored = stored_fingerprints(folder)
+    try:  # a Ray started here stops with any refusal or error before the plan is handed back
+        folder = rows_dir(sweep.run.storage, sweep.name)
+        if not dry_run:  # what the trials will read, loaded once: its fingerprints are part of every trial id
+            stored = stored_fingerprints(folder)
 
-        def load():
-            print(f"loading {grid.model}", flush=True)
-            try:
-                weights = buildable(grid.model)
-            except (OSError, ValueError) as err:
-                raise Refused([f"--model: '{grid.model}' cannot be built: {err}"]) from None
-            return weights, {**load_raw_tasks(grid, [t for t in tasks if t not in raw]), **raw}
+            def load():
+                print(f"loading {grid.model}", flush=True)
+                try:
+                    weights = buildable(grid.model)
+                except (OSError, ValueError) as err:
+                    raise Refused([f"--model: '{grid.model}' cannot be built: {err}"]) from None
+                return weights, {**load_raw_tasks(grid, [t for t in tasks if t not in raw]), **raw}
 
-        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="load") as pool:
-            loading = pool.submit(load)
-            # A sweep with no rows yet runs trials: Ray starts while the weights and data load (2-3 s each)
-            if len(stored) == 0 and sweep.run.target_ci is None:
-                ray_started = start_ray_if_none(sweep.run.address)
-            try:
+            with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="load") as pool:
+                loading = pool.submit(load)
+                # A sweep with no rows yet runs trials: Ray starts while the weights and data load (2-3 s each)
+                if len(stored) == 0 and sweep.run.target_ci is None:
+                    ray_started = start_ray_if_none(sweep.run.address)
                 pretrained, raw = loading.result()
-            except BaseException:
-                stop_ray(ray_started)
-                raise
-        grid = with_fingerprints(grid, {t: raw[t] for t in tasks}, pretrained)
-        sweep = dataclasses.replace(sweep, grid=grid)
-    specs = experiment.build(grid_settings(grid, sweep), limits.num_layers, limits.num_heads)
-    lines = []
-    if not dry_run:
-        specs, lines = reconcile(specs, stored)
-    plan_function = experiment.plan_function() or plan_trials
-    todo, planned, rerun_skips, table, note = plan_function(specs, folder, sweep, read=not dry_run)
-    note = "\n".join(line for line in [note, *lines] if line)
-    return Planned(specs, todo, planned, tuple(rerun_skips), table, note, raw or None, pretrained,
-                   ray_started), sweep, limits
+            grid = with_fingerprints(grid, {t: raw[t] for t in tasks}, pretrained)
+            sweep = dataclasses.replace(sweep, grid=grid)
+        specs = experiment.build(grid_settings(grid, sweep), limits.num_layers, limits.num_heads)
+        lines = []
+        if not dry_run:
+            specs, lines = reconcile(specs, stored)
+        plan_function = experiment.plan_function() or plan_trials
+        todo, planned, rerun_skips, table, note = plan_function(specs, folder, sweep, read=not dry_run)
+        note = "\n".join(line for line in [note, *lines] if line)
+        return Planned(specs, todo, planned, tuple(rerun_skips), table, note, raw or None, pretrained,
+                       ray_started), sweep, limits
+    except BaseException:
+        stop_ray(ray_started)
+        raise
 
 
 def execute(sweep: Sweep, *, argv: list[str] | None = None, callbacks=(), dry_run: bool | None = None):
