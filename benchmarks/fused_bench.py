@@ -238,9 +238,11 @@ def train_tokens(data, cfg) -> int:
     return int(data.train.lengths[draw_subset(len(data.train), cfg.train_size, cfg.subset_seed)].sum()) * cfg.epochs
 
 
-def time_sweep(args) -> tuple[float, list[float]]:
+def time_sweep(args) -> tuple[float, list[float], dict]:
     """Wall seconds of `python -m sweep` on --trials trials of the benchmark's shape (k = 0..trials-1, trial
-    index 0 each), from the command's start to its end, and their dev accuracies from the rows it wrote."""
+    index 0 each), from the command's start to its end, their dev accuracies from the rows it wrote, and where
+    the time went: the trials' own wall seconds (their rows'), and the command's seconds beyond them with as
+    many trials at a time as there are cores (its fixed start, the first trials' process start, its end)."""
     from trialrows.read import read_results
 
     with tempfile.TemporaryDirectory() as storage:
@@ -252,7 +254,11 @@ def time_sweep(args) -> tuple[float, list[float]]:
         subprocess.run(command, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wall = time.perf_counter() - tick
         rows = read_results(f"{storage}/bench").sort_values("k")
-        return wall, [float(v) for v in rows["dev_metric"]]
+        trial_walls = [round(float(v), 2) for v in rows["wall_seconds"]]
+        beyond = wall - sum(trial_walls) / len(os.sched_getaffinity(0))
+        print(f"  the sweep's trials: {trial_walls} s each; the command beyond them: {beyond:.1f} s", flush=True)
+        return wall, [float(v) for v in rows["dev_metric"]], {"trial_wall_seconds": trial_walls,
+                                                             "seconds_beyond_trials": round(beyond, 2)}
 
 
 def peer_trial(spec: dict) -> dict:
@@ -407,8 +413,9 @@ def compare(args, pretrained, data, peer_model_path: str, device: str, header: d
         figures.add(f"ours, packs of 1, {at_once} side by side", args.trials,
                     *time_side_by_side(cfgs[:args.trials], data, pretrained, at_once))
     if not gpu and args.sweep:
+        wall, accuracy, breakdown = time_sweep(args)
         figures.add("ours, the real sweep command (python -m sweep, --pack auto, Ray's start included)", args.trials,
-                    *time_sweep(args))
+                    wall, accuracy, **breakdown)
     if not args.skip_unfused:
         figures.add("ours, unfused (one trial at a time)", args.trials, *time_unfused(cfgs[:args.trials], data, pretrained))
     for processes in args.peer_processes or ([1, 2, 4] if gpu else [len(os.sched_getaffinity(0))]):
