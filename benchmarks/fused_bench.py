@@ -383,6 +383,9 @@ def compare(args, pretrained, data, peer_model_path: str, device: str, header: d
     from trainables.cost import peak_flops
 
     gpu, layers = device.startswith("cuda"), pretrained.num_layers
+    if args.sweep and not gpu and args.trials > layers + 1:  # said now, not after the rows before it have run
+        raise SystemExit(f"--sweep runs k = 0..--trials-1, one trial each: --trials {args.trials} asks for k up to "
+                         f"{args.trials - 1}, and the model has {layers} layers (--trials at most {layers + 1})")
     fits = fitting_trials(pretrained) if gpu else None
     packs = args.packs or ([1, 8, fits] if gpu else [args.trials])
     grouped = 3 * fits if gpu else 0  # --pack auto's Tune trial on this card: three groups of what fits
