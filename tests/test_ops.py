@@ -203,3 +203,24 @@ def test_a_recorded_checkpoint_deleted_since_falls_back_to_the_newest_surviving_
     (trial / "checkpoint_000001" / STATE_FILE).unlink()
     (trial / "checkpoint_000002" / STATE_FILE).unlink()
     assert load_state(tune.Checkpoint(str(trial / "checkpoint_000000"))) is None  # a finished trial's notes
+
+
+def test_a_checkpoint_cut_short_is_passed_over_for_the_one_before_it(tmp_path, capsys):
+    """A node or driver killed while Tune copied a checkpoint to the storage can leave its state's marker with
+    its tensors cut short: a resumed trial names it and goes on from the checkpoint before it."""
+    import torch
+    from ray import tune
+
+    from trainables.state import TENSORS_FILE
+    from trainables.tune_trainable import load_state
+
+    trial = tmp_path / "trial"
+    for index, epoch in ((1, 2), (2, 3)):
+        save_state(trial / f"checkpoint_00000{index}", {"epoch": epoch, "weights": torch.full((256,), float(epoch))})
+    cut = trial / "checkpoint_000002" / TENSORS_FILE
+    cut.write_bytes(cut.read_bytes()[:200])
+    state = load_state(tune.Checkpoint(str(trial / "checkpoint_000002")))
+    assert state["epoch"] == 2 and torch.equal(state["weights"], torch.full((256,), 2.0))
+    assert "checkpoint_000002 cannot be read" in capsys.readouterr().err
+    (trial / "checkpoint_000001" / TENSORS_FILE).write_bytes(b"")
+    assert load_state(tune.Checkpoint(str(trial / "checkpoint_000002"))) is None  # none whole: a fresh start

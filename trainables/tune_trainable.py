@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 import time
 
@@ -66,11 +67,19 @@ def load_state(checkpoint) -> dict | None:
     """The training state in a Tune checkpoint; None when it holds none (a finished trial's checkpoint keeps
     only a note once the sweep has deleted its weights). Tune's record of a trial can name a checkpoint it
     has since replaced and deleted (num_to_keep) when the driver died between the two: then the newest
-    surviving checkpoint of the same trial is the one to go on from, not a fresh start."""
+    surviving checkpoint of the same trial is the one to go on from, not a fresh start. A checkpoint cut short
+    (its node or the driver killed while Tune copied it to the storage: the state's marker there, its tensors
+    not whole) is named on stderr and passed over for the one before it."""
+    from safetensors import SafetensorError
+
     for candidate in [checkpoint, *reversed(sibling_checkpoints(checkpoint))]:
         with candidate.as_directory() as folder:
             if state_files.has_state(folder):
-                return state_files.load_state(folder)
+                try:
+                    return state_files.load_state(folder)
+                except (OSError, ValueError, SafetensorError) as err:  # JSON's errors are ValueErrors
+                    print(f"checkpoint {candidate.path} cannot be read ({err}); going on from the one before it, "
+                          "if any", file=sys.stderr, flush=True)
     return None
 
 
