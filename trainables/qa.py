@@ -20,6 +20,7 @@ import copy
 import dataclasses
 import re
 import string
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -28,6 +29,9 @@ from torch import nn
 from trainables.data import TokenizedSplit, TokenizedTask, collate, eval_batches
 from trainables.models import Pretrained, load_encoder_weights
 from trainables.tasks import SQUAD_V2, TaskData, get_task
+
+if TYPE_CHECKING:  # an annotation only: trial workers never load datasets
+    import datasets
 
 TASK = get_task(SQUAD_V2)
 N_BEST = 20  # start and end candidates per window, as the example's postprocessing

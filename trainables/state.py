@@ -37,17 +37,31 @@ def save_state(folder: str | os.PathLike, state: dict) -> None:
         json.dump({"format": FORMAT, "state": skeleton}, handle)
 
 
+class UnreadableState(ValueError):
+    """A folder marked as holding a state whose files cannot be read whole: cut short (a node or driver killed
+    while the folder was copied to the storage: the marker there, the tensors not, or not all of them), or
+    damaged."""
+
+
 def load_state(folder: str | os.PathLike, device: str | torch.device = "cpu") -> dict:
-    """The state `save_state` wrote into `folder`, its tensors on `device`."""
+    """The state `save_state` wrote into `folder`, its tensors on `device`. Raises UnreadableState when its
+    files cannot be read whole, ValueError when they are another version's."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    with open(os.path.join(folder, STATE_FILE), encoding="utf-8") as handle:
-        saved = json.load(handle)
+    try:
+        with open(os.path.join(folder, STATE_FILE), encoding="utf-8") as handle:
+            saved = json.load(handle)
+    except (OSError, ValueError) as err:  # json's decoding errors are ValueErrors
+        raise UnreadableState(f"{folder}: {STATE_FILE} cannot be read ({err})") from err
     if saved.get("format") != FORMAT:
         raise ValueError(f"state in {folder} has format {saved.get('format')!r}; this version reads {FORMAT}")
     path = os.path.join(folder, TENSORS_FILE)
-    tensors = load_file(path, device=str(device)) if os.path.exists(path) else {}
-    return _decode(saved["state"], tensors)
+    try:
+        tensors = load_file(path, device=str(device)) if os.path.exists(path) else {}
+        return _decode(saved["state"], tensors)
+    except (OSError, SafetensorError, KeyError) as err:  # KeyError: a tensor the file should hold is not there
+        raise UnreadableState(f"{folder}: {TENSORS_FILE} is missing or cut short ({err!r})") from err
 
 
 def _encode(value, path: str, tensors: dict):

@@ -70,14 +70,12 @@ def load_state(checkpoint) -> dict | None:
     surviving checkpoint of the same trial is the one to go on from, not a fresh start. A checkpoint cut short
     (its node or the driver killed while Tune copied it to the storage: the state's marker there, its tensors
     not whole) is named on stderr and passed over for the one before it."""
-    from safetensors import SafetensorError
-
     for candidate in [checkpoint, *reversed(sibling_checkpoints(checkpoint))]:
         with candidate.as_directory() as folder:
             if state_files.has_state(folder):
                 try:
                     return state_files.load_state(folder)
-                except (OSError, ValueError, SafetensorError) as err:  # JSON's errors are ValueErrors
+                except state_files.UnreadableState as err:
                     print(f"checkpoint {candidate.path} cannot be read ({err}); going on from the one before it, "
                           "if any", file=sys.stderr, flush=True)
     return None
