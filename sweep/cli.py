@@ -668,18 +668,38 @@ def quiet_ray_logs() -> None:
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
 
 
+# Ray's settings for a Ray of the command's own, read by the processes ray.init starts (a user's own value
+# stands). The autoscaler's v1 monitor, on SIGTERM, reports its end to the GCS that ray.shutdown has already
+# stopped, and is killed a second later: a second of every sweep's end (ray.shutdown 1.4 s, 0.35 s with v2's).
+# A local Ray scales nothing; v2's monitor is the one the GCS is asked about, and ends at once.
+LOCAL_RAY = {"RAY_enable_autoscaler_v2": "1"}
+
+
+@contextlib.contextmanager
+def environment(settings: dict[str, str]):
+    """os.environ with `settings` added where unset, for what starts inside; as it was afterwards."""
+    added = {k: v for k, v in settings.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
+
+
 def start_ray(address: str | None) -> None:
     """Start a local Ray, or join the cluster at `address`; raises Refused with the one line that says why not."""
     import ray
 
     print(f"starting Ray ({'at ' + address if address else 'on this machine'})", flush=True)
     quiet_ray_logs()
-    # Trials find tasks and weights in the object store, so workers need no path of the driver's. No runtime_env:
-    # Ray starts a job's first workers ahead of its tasks only when it has none (an actor then starts 0.6 s
-    # sooner). Workers tokenize nothing; the driver, which does, forks Ray's processes after its tokenizer ran.
+    # Trials find tasks and weights in the object store, so workers need no path of the driver's. No runtime_env
+    # (a trial's actor of a job with one started 0.6 s later). Workers tokenize nothing; the driver, which does,
+    # forks Ray's processes after its tokenizer ran.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
-        ray.init(address=address, include_dashboard=False, configure_logging=False)
+        with environment(LOCAL_RAY if address is None else {}):
+            ray.init(address=address, include_dashboard=False, configure_logging=False)
     except ConnectionError as err:  # no cluster (`--address auto` with none running), or a token refused
         from sweep.checks import connection_problem
 

@@ -133,3 +133,29 @@ def test_the_command_exits_with_its_code_after_its_threads_and_exit_handlers_fin
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.returncode == 3 and done.stdout == "printed", done.stderr
     assert (tmp_path / "thread").read_text() == "done" and (tmp_path / "handler").read_text() == "ran"
+
+
+def test_a_ray_of_the_commands_own_has_the_v2_monitor_unless_the_user_says():
+    """A local Ray started for the trials runs the autoscaler's v2 monitor (v1's, on SIGTERM, waits on the GCS
+    that ray.shutdown has already stopped: a second of every sweep's end), set for Ray's processes alone: the
+    command's own environment is left as it was. A setting the user gave stands."""
+    import os
+    import subprocess
+    import sys
+
+    script = ("import os, psutil, ray\n"
+              "from ray.autoscaler.v2.utils import is_autoscaler_v2\n"
+              "from sweep.cli import start_ray\n"
+              "start_ray(None)\n"
+              "raylet, = [p for p in psutil.Process().children() if 'raylet' in p.name()]\n"
+              "print(raylet.environ().get('RAY_enable_autoscaler_v2'), is_autoscaler_v2(fetch_from_server=True),\n"
+              "      os.environ.get('RAY_enable_autoscaler_v2'))\n"
+              "ray.shutdown()\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_enable_autoscaler_v2", "RAY_ADDRESS")}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1].split() == ["1", "True", "None"]
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env={**env, "RAY_enable_autoscaler_v2": "0"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1].split() == ["0", "False", "0"]
