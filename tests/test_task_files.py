@@ -202,3 +202,21 @@ def test_a_second_load_reads_the_cached_tokens_instead_of_tokenizing(tiny_bert, 
     with pytest.raises(AssertionError, match="tokenized again"):
         tokenize_task(load_task_source(source(make_task(tmp_path / "other", ".csv", rows), text=("review", "title"))),
                       tokenizer, tiny_bert, 32, cache)
+
+
+def test_the_tokenizer_is_hashed_once_and_its_calls_leave_its_key_alone(tiny_bert, monkeypatch):
+    """The tokenizer's part of a tokenized split's cache key: what the tokenizer does, hashed once (not again
+    for every split of every task), and the same after a call has left its truncation state on it."""
+    from datasets.fingerprint import Hasher
+
+    from trainables.data import serialized_tokenizer_fingerprint, tokenizer_fingerprint
+    from trainables.models import load_tokenizer
+
+    serialized_tokenizer_fingerprint.cache_clear()
+    tokenizer = load_tokenizer(tiny_bert)
+    first, hashed, real = tokenizer_fingerprint(tokenizer), [], Hasher.hash
+    monkeypatch.setattr(Hasher, "hash", lambda value: (hashed.append(value), real(value))[1])
+    assert tokenizer_fingerprint(tokenizer) == first and not hashed
+    tokenizer(["one two three four five six"], truncation=True, max_length=4)
+    assert '"truncation":null' not in tokenizer.backend_tokenizer.to_str().replace(" ", "")
+    assert tokenizer_fingerprint(tokenizer) == first
