@@ -143,12 +143,20 @@ def test_a_ray_of_the_commands_own_has_the_v2_monitor_unless_the_user_says():
     import subprocess
     import sys
 
-    script = ("import os, psutil, ray\n"
+    script = ("import os, pathlib, ray\n"
               "from ray.autoscaler.v2.utils import is_autoscaler_v2\n"
               "from sweep.cli import start_ray\n"
               "start_ray(None)\n"
-              "raylet, = [p for p in psutil.Process().children() if 'raylet' in p.name()]\n"
-              "print(raylet.environ().get('RAY_enable_autoscaler_v2'), is_autoscaler_v2(fetch_from_server=True),\n"
+              "def child(name):\n"
+              "    for stat in pathlib.Path('/proc').glob('[0-9]*/stat'):\n"
+              "        try:\n"
+              "            fields = stat.read_text().rsplit(')', 1)\n"
+              "        except OSError:  # a process that ended meanwhile\n"
+              "            continue\n"
+              "        if fields[0].endswith('(' + name) and int(fields[1].split()[1]) == os.getpid():\n"
+              "            return stat.parent\n"
+              "raylet = dict(v.split('=', 1) for v in (child('raylet') / 'environ').read_text().split('\\0') if '=' in v)\n"
+              "print(raylet.get('RAY_enable_autoscaler_v2'), is_autoscaler_v2(fetch_from_server=True),\n"
               "      os.environ.get('RAY_enable_autoscaler_v2'))\n"
               "ray.shutdown()\n")
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_enable_autoscaler_v2", "RAY_ADDRESS")}
