@@ -630,9 +630,7 @@ class RaySession:
 
     def close(self) -> None:
         if self.owned:
-            import ray
-
-            ray.shutdown()
+            shutdown_ray()
 
 
 def config_path(sweep: Sweep):
@@ -673,6 +671,14 @@ def quiet_ray_logs() -> None:
 # stopped, and is killed a second later: a second of every sweep's end (ray.shutdown 1.4 s, 0.35 s with v2's).
 # A local Ray scales nothing; v2's monitor is the one the GCS is asked about, and ends at once.
 LOCAL_RAY = {"RAY_enable_autoscaler_v2": "1"}
+# v2's monitor, on a Ray that cannot grow, calls every trial that waits for a free core or GPU infeasible: "No
+# available node types can fulfill placement group requests ... Add suitable node types to this cluster", one
+# line per waiting trial every 5 s, forwarded to the command's output. A local Ray's size is fixed, and what a
+# trial asks for was checked before any started (gpu_problems; Tune says so itself of a trial that can never
+# fit), so those lines are false alarms. Ray's driver forwards autoscaler events while ray_constants'
+# AUTOSCALER_EVENTS (RAY_SCHEDULER_EVENTS, read when ray is imported) is on: off while a Ray of the command's own
+# runs, unless the user set it; a cluster's, which can grow, keeps them.
+SCHEDULER_EVENTS = "RAY_SCHEDULER_EVENTS"
 
 
 @contextlib.contextmanager
@@ -700,10 +706,37 @@ def start_ray(address: str | None) -> None:
     try:
         with environment(LOCAL_RAY if address is None else {}):
             ray.init(address=address, include_dashboard=False, configure_logging=False)
+        if address is None and started_here():
+            forward_autoscaler_events(False)
     except ConnectionError as err:  # no cluster (`--address auto` with none running), or a token refused
         from sweep.checks import connection_problem
 
         raise Refused([connection_problem(address, err)]) from None
+
+
+def started_here() -> bool:
+    """Whether ray.init started its Ray (address None joins one already running on this machine, which may be
+    a cluster's head that can grow)."""
+    import ray
+
+    return bool(getattr(ray._private.worker._global_node, "head", False))
+
+
+def forward_autoscaler_events(on: bool) -> None:
+    if SCHEDULER_EVENTS in os.environ:  # the user's own setting stands
+        return
+    from ray._private import ray_constants
+
+    ray_constants.AUTOSCALER_EVENTS = int(on)
+
+
+def shutdown_ray() -> None:
+    """ray.shutdown, before the interpreter exits, so workers stop quietly instead of by SIGTERM; a Ray joined
+    later by this process forwards its autoscaler's events again."""
+    import ray
+
+    ray.shutdown()
+    forward_autoscaler_events(True)
 
 
 def start_ray_if_none(address: str | None) -> bool:
@@ -723,7 +756,7 @@ def stop_ray(started: bool) -> None:
     if started and ray.is_initialized():
         # The summary's statistics import scipy (a second) while Ray's shutdown waits for its processes to end
         threading.Thread(target=importlib.import_module, args=("scipy.stats",), daemon=True).start()
-        ray.shutdown()  # before the interpreter exits, so workers stop quietly instead of by SIGTERM
+        shutdown_ray()
 
 
 def run(todo: list[TrialSpec], settings: GridSettings, options: Sweep, folder: Path, pretrained, raw: dict | None = None,
@@ -771,7 +804,7 @@ def run(todo: list[TrialSpec], settings: GridSettings, options: Sweep, folder: P
         return returned[0] if isinstance(returned, tuple) else returned
     finally:
         if owns_ray:
-            ray.shutdown()  # before the interpreter exits, so workers stop quietly instead of by SIGTERM
+            shutdown_ray()
 
 
 def report(folder: Path, grid_ids: set[str], table=None):

@@ -167,3 +167,45 @@ def test_a_ray_of_the_commands_own_has_the_v2_monitor_unless_the_user_says():
                           env={**env, "RAY_enable_autoscaler_v2": "0"})
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1].split() == ["0", "False", "0"]
+
+
+def test_trials_waiting_for_a_core_of_the_commands_own_ray_are_not_called_infeasible(monkeypatch):
+    """v2's monitor on a Ray that cannot grow calls every waiting trial infeasible ("No available node types can
+    fulfill placement group requests ... Add suitable node types to this cluster"), a line per trial every 5 s:
+    not forwarded while the command's own Ray runs. The same Ray with forwarding on shows them (so this test
+    can see them), and forwarding is back on once that Ray is shut down."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = ("import time\n"
+              "from ray._private import ray_constants\n"
+              "from ray.util.placement_group import placement_group\n"
+              "from sweep.cli import shutdown_ray, start_ray\n"
+              "start_ray(None)\n"
+              "waiting = [placement_group([{'CPU': 1}], strategy='PACK') for _ in range(6)]  # more than the cores\n"
+              "time.sleep(7)\n"
+              "print('FORWARDING ON', ray_constants.AUTOSCALER_EVENTS, flush=True)\n"
+              "ray_constants.AUTOSCALER_EVENTS = 1\n"
+              "time.sleep(6)\n"
+              "shutdown_ray()\n"
+              "print('AFTER', ray_constants.AUTOSCALER_EVENTS, flush=True)\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_SCHEDULER_EVENTS", "RAY_ADDRESS")}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr
+    output = done.stdout + done.stderr
+    before, marker, after = output.partition("FORWARDING ON 0")
+    assert marker, output
+    assert "No available node types" not in before, before
+    assert "No available node types can fulfill placement group requests" in after, after
+    assert "AFTER 1" in after
+
+    monkeypatch.setenv("RAY_SCHEDULER_EVENTS", "1")  # a user's own setting stands
+    from ray._private import ray_constants
+
+    from sweep.cli import forward_autoscaler_events
+
+    forward_autoscaler_events(False)
+    assert ray_constants.AUTOSCALER_EVENTS == 1
