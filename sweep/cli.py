@@ -670,7 +670,10 @@ def quiet_ray_logs() -> None:
 # stands). The autoscaler's v1 monitor, on SIGTERM, reports its end to the GCS that ray.shutdown has already
 # stopped, and is killed a second later: a second of every sweep's end (ray.shutdown 1.4 s, 0.35 s with v2's).
 # A local Ray scales nothing; v2's monitor is the one the GCS is asked about, and ends at once.
-LOCAL_RAY = {"RAY_enable_autoscaler_v2": "1"}
+# Ray starts a worker per core for its first driver, but Ray Tune gives its trials' actors a runtime_env of
+# their own (env_vars, ray.tune.execution.class_cache), so no trial ever runs in one: two idle processes here,
+# a core-second spent while the driver loads the weights.
+LOCAL_RAY = {"RAY_enable_autoscaler_v2": "1", "RAY_prestart_worker_first_driver": "0"}
 # v2's monitor, on a Ray that cannot grow, calls every trial that waits for a free core or GPU infeasible: "No
 # available node types can fulfill placement group requests ... Add suitable node types to this cluster", one
 # line per waiting trial every 5 s, forwarded to the command's output. A local Ray's size is fixed, and what a

@@ -135,38 +135,43 @@ def test_the_command_exits_with_its_code_after_its_threads_and_exit_handlers_fin
     assert (tmp_path / "thread").read_text() == "done" and (tmp_path / "handler").read_text() == "ran"
 
 
-def test_a_ray_of_the_commands_own_has_the_v2_monitor_unless_the_user_says():
+def test_a_ray_of_the_commands_own_has_the_v2_monitor_and_no_idle_workers_unless_the_user_says():
     """A local Ray started for the trials runs the autoscaler's v2 monitor (v1's, on SIGTERM, waits on the GCS
-    that ray.shutdown has already stopped: a second of every sweep's end), set for Ray's processes alone: the
-    command's own environment is left as it was. A setting the user gave stands."""
+    that ray.shutdown has already stopped: a second of every sweep's end) and starts no idle workers ahead of
+    tasks (Tune's trial actors, with a runtime_env of their own, never use them), set for Ray's processes alone:
+    the command's own environment is left as it was. Settings the user gave stand."""
     import os
     import subprocess
     import sys
 
-    script = ("import os, pathlib, ray\n"
+    script = ("import os, pathlib, time, ray\n"
               "from ray.autoscaler.v2.utils import is_autoscaler_v2\n"
               "from sweep.cli import start_ray\n"
               "start_ray(None)\n"
-              "def child(name):\n"
+              "def children(name, parent):\n"
               "    for stat in pathlib.Path('/proc').glob('[0-9]*/stat'):\n"
               "        try:\n"
               "            fields = stat.read_text().rsplit(')', 1)\n"
               "        except OSError:  # a process that ended meanwhile\n"
               "            continue\n"
-              "        if fields[0].endswith('(' + name) and int(fields[1].split()[1]) == os.getpid():\n"
-              "            return stat.parent\n"
-              "raylet = dict(v.split('=', 1) for v in (child('raylet') / 'environ').read_text().split('\\0') if '=' in v)\n"
-              "print(raylet.get('RAY_enable_autoscaler_v2'), is_autoscaler_v2(fetch_from_server=True),\n"
-              "      os.environ.get('RAY_enable_autoscaler_v2'))\n"
+              "        if fields[0].endswith('(' + name) and int(fields[1].split()[1]) == parent:\n"
+              "            yield stat.parent\n"
+              "raylet = next(children('raylet', os.getpid()))\n"
+              "environ = dict(v.split('=', 1) for v in (raylet / 'environ').read_text().split('\\0') if '=' in v)\n"
+              "time.sleep(3)  # workers Ray starts ahead of tasks are up by then\n"
+              "idle = len(list(children('ray::IDLE', int(raylet.name))))\n"
+              "print(environ.get('RAY_enable_autoscaler_v2'), is_autoscaler_v2(fetch_from_server=True),\n"
+              "      os.environ.get('RAY_enable_autoscaler_v2'), idle > 0)\n"
               "ray.shutdown()\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_enable_autoscaler_v2", "RAY_ADDRESS")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RAY_enable_autoscaler_v2", "RAY_prestart_worker_first_driver", "RAY_ADDRESS")}
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines()[-1].split() == ["1", "True", "None"]
+    assert done.stdout.splitlines()[-1].split() == ["1", "True", "None", "False"]
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                          env={**env, "RAY_enable_autoscaler_v2": "0"})
+                          env={**env, "RAY_enable_autoscaler_v2": "0", "RAY_prestart_worker_first_driver": "1"})
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines()[-1].split() == ["0", "False", "0"]
+    assert done.stdout.splitlines()[-1].split() == ["0", "False", "0", "True"]
 
 
 def test_trials_waiting_for_a_core_of_the_commands_own_ray_are_not_called_infeasible(monkeypatch):
