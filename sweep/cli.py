@@ -672,7 +672,8 @@ def quiet_ray_logs() -> None:
 # A local Ray scales nothing; v2's monitor is the one the GCS is asked about, and ends at once.
 # Ray starts a worker per core for its first driver, but Ray Tune gives its trials' actors a runtime_env of
 # their own (env_vars, ray.tune.execution.class_cache), so no trial ever runs in one: two idle processes here,
-# a core-second spent while the driver loads the weights.
+# a core-second spent while the driver loads the weights. (A search's cells, plain tasks, did use them: each now
+# starts its worker, about a second, once per cell.)
 LOCAL_RAY = {"RAY_enable_autoscaler_v2": "1", "RAY_prestart_worker_first_driver": "0"}
 # v2's monitor, on a Ray that cannot grow, calls every trial that waits for a free core or GPU infeasible: "No
 # available node types can fulfill placement group requests ... Add suitable node types to this cluster", one
@@ -707,10 +708,10 @@ def start_ray(address: str | None) -> None:
     # forks Ray's processes after its tokenizer ran.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
-        with environment(LOCAL_RAY if address is None else {}):
+        with environment(LOCAL_RAY if address in (None, "", "local") else {}):
             ray.init(address=address, include_dashboard=False, configure_logging=False)
-        if address is None and started_here():
-            forward_autoscaler_events(False)
+        if started_here():
+            quiet_autoscaler_events()
     except ConnectionError as err:  # no cluster (`--address auto` with none running), or a token refused
         from sweep.checks import connection_problem
 
@@ -725,21 +726,30 @@ def started_here() -> bool:
     return bool(getattr(ray._private.worker._global_node, "head", False))
 
 
-def forward_autoscaler_events(on: bool) -> None:
+_EVENTS_BEFORE: list[int] = []  # what quiet_autoscaler_events found, for shutdown_ray to put back
+
+
+def quiet_autoscaler_events() -> None:
     if SCHEDULER_EVENTS in os.environ:  # the user's own setting stands
         return
     from ray._private import ray_constants
 
-    ray_constants.AUTOSCALER_EVENTS = int(on)
+    _EVENTS_BEFORE.append(ray_constants.AUTOSCALER_EVENTS)
+    ray_constants.AUTOSCALER_EVENTS = 0
 
 
 def shutdown_ray() -> None:
     """ray.shutdown, before the interpreter exits, so workers stop quietly instead of by SIGTERM; a Ray joined
-    later by this process forwards its autoscaler's events again."""
+    later by this process forwards its autoscaler's events as before."""
     import ray
 
-    ray.shutdown()
-    forward_autoscaler_events(True)
+    try:
+        ray.shutdown()
+    finally:
+        if _EVENTS_BEFORE:
+            from ray._private import ray_constants
+
+            ray_constants.AUTOSCALER_EVENTS = _EVENTS_BEFORE.pop()
 
 
 def start_ray_if_none(address: str | None) -> bool:
@@ -756,7 +766,7 @@ def start_ray_if_none(address: str | None) -> bool:
 def stop_ray(started: bool) -> None:
     import ray
 
-    if started and ray.is_initialized():
+    if started:
         # The summary's statistics import scipy (a second) while Ray's shutdown waits for its processes to end
         threading.Thread(target=importlib.import_module, args=("scipy.stats",), daemon=True).start()
         shutdown_ray()

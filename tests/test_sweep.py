@@ -158,8 +158,9 @@ def test_a_ray_of_the_commands_own_has_the_v2_monitor_and_no_idle_workers_unless
               "            yield stat.parent\n"
               "raylet = next(children('raylet', os.getpid()))\n"
               "environ = dict(v.split('=', 1) for v in (raylet / 'environ').read_text().split('\\0') if '=' in v)\n"
-              "time.sleep(3)  # workers Ray starts ahead of tasks are up by then\n"
-              "idle = len(list(children('ray::IDLE', int(raylet.name))))\n"
+              "deadline = time.time() + 10  # workers Ray starts ahead of tasks are up within a second or two\n"
+              "while not (idle := len(list(children('ray::IDLE', int(raylet.name))))) and time.time() < deadline:\n"
+              "    time.sleep(0.2)\n"
               "print(environ.get('RAY_enable_autoscaler_v2'), is_autoscaler_v2(fetch_from_server=True),\n"
               "      os.environ.get('RAY_enable_autoscaler_v2'), idle > 0)\n"
               "ray.shutdown()\n")
@@ -174,43 +175,73 @@ def test_a_ray_of_the_commands_own_has_the_v2_monitor_and_no_idle_workers_unless
     assert done.stdout.splitlines()[-1].split() == ["0", "False", "0", "True"]
 
 
-def test_trials_waiting_for_a_core_of_the_commands_own_ray_are_not_called_infeasible(monkeypatch):
+def test_trials_waiting_for_a_core_of_the_commands_own_ray_are_not_called_infeasible():
     """v2's monitor on a Ray that cannot grow calls every waiting trial infeasible ("No available node types can
     fulfill placement group requests ... Add suitable node types to this cluster"), a line per trial every 5 s:
-    not forwarded while the command's own Ray runs. The same Ray with forwarding on shows them (so this test
-    can see them), and forwarding is back on once that Ray is shut down."""
+    not forwarded while the command's own Ray runs, though the monitor has logged it. The same Ray with
+    forwarding on shows the next one (so this test can see them), and the setting found before is back once
+    that Ray is shut down."""
     import os
     import subprocess
     import sys
     from pathlib import Path
 
-    script = ("import time\n"
+    script = ("import time, ray\n"
               "from ray._private import ray_constants\n"
               "from ray.util.placement_group import placement_group\n"
               "from sweep.cli import shutdown_ray, start_ray\n"
               "start_ray(None)\n"
-              "waiting = [placement_group([{'CPU': 1}], strategy='PACK') for _ in range(6)]  # more than the cores\n"
-              "time.sleep(7)\n"
-              "print('FORWARDING ON', ray_constants.AUTOSCALER_EVENTS, flush=True)\n"
+              "log = ray._private.worker._global_node.get_logs_dir_path() + '/events/event_AUTOSCALER.log'\n"
+              "def logged():\n"
+              "    try:\n"
+              "        return open(log).read().count('No available node types')\n"
+              "    except OSError:\n"
+              "        return 0\n"
+              "def one_more(seen):  # the monitor's next such event, then time for the driver to be sent it\n"
+              "    deadline = time.time() + 60\n"
+              "    while logged() <= seen and time.time() < deadline:\n"
+              "        time.sleep(0.2)\n"
+              "    time.sleep(3)\n"
+              "    return logged()\n"
+              "cores = int(ray.cluster_resources()['CPU'])\n"
+              "waiting = [placement_group([{'CPU': 1}]) for _ in range(cores + 2)]\n"
+              "seen = one_more(0)\n"
+              "print('FORWARDING ON', ray_constants.AUTOSCALER_EVENTS, seen > 0, flush=True)\n"
               "ray_constants.AUTOSCALER_EVENTS = 1\n"
-              "time.sleep(6)\n"
+              "one_more(seen)\n"
+              "ray_constants.AUTOSCALER_EVENTS = 0\n"
               "shutdown_ray()\n"
               "print('AFTER', ray_constants.AUTOSCALER_EVENTS, flush=True)\n")
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_SCHEDULER_EVENTS", "RAY_ADDRESS")}
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env,
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180, env=env,
                           cwd=Path(__file__).resolve().parents[1])
     assert done.returncode == 0, done.stderr
     output = done.stdout + done.stderr
-    before, marker, after = output.partition("FORWARDING ON 0")
+    before, marker, after = output.partition("FORWARDING ON 0 True")
     assert marker, output
     assert "No available node types" not in before, before
     assert "No available node types can fulfill placement group requests" in after, after
     assert "AFTER 1" in after
 
-    monkeypatch.setenv("RAY_SCHEDULER_EVENTS", "1")  # a user's own setting stands
+
+def test_autoscaler_events_are_quieted_only_for_a_ray_started_here_and_only_if_the_user_said_nothing(monkeypatch):
+    import ray
     from ray._private import ray_constants
 
-    from sweep.cli import forward_autoscaler_events
+    from sweep.cli import quiet_autoscaler_events, shutdown_ray, started_here
 
-    forward_autoscaler_events(False)
+    monkeypatch.setattr(ray_constants, "AUTOSCALER_EVENTS", 1)
+    monkeypatch.delenv("RAY_SCHEDULER_EVENTS", raising=False)
+    monkeypatch.setattr(ray._private.worker, "_global_node", type("Node", (), {"head": False})())
+    assert not started_here()  # a Ray joined (a cluster's head, which can grow): its events stay on
+    monkeypatch.setattr(ray._private.worker, "_global_node", type("Node", (), {"head": True})())
+    assert started_here()
+    monkeypatch.setenv("RAY_SCHEDULER_EVENTS", "1")
+    quiet_autoscaler_events()
+    assert ray_constants.AUTOSCALER_EVENTS == 1
+    monkeypatch.delenv("RAY_SCHEDULER_EVENTS")
+    quiet_autoscaler_events()
+    assert ray_constants.AUTOSCALER_EVENTS == 0
+    monkeypatch.setattr(ray, "shutdown", lambda: None)  # no Ray runs here: only the setting is put back
+    shutdown_ray()
     assert ray_constants.AUTOSCALER_EVENTS == 1
