@@ -708,7 +708,7 @@ def start_ray(address: str | None) -> None:
     # forks Ray's processes after its tokenizer ran.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
-        with environment(LOCAL_RAY if address in (None, "", "local") else {}):
+        with environment(LOCAL_RAY):  # read only by processes ray.init starts: a Ray of its own, never a cluster's
             ray.init(address=address, include_dashboard=False, configure_logging=False)
         if started_here():
             quiet_autoscaler_events()
@@ -764,8 +764,6 @@ def start_ray_if_none(address: str | None) -> bool:
 
 
 def stop_ray(started: bool) -> None:
-    import ray
-
     if started:
         # The summary's statistics import scipy (a second) while Ray's shutdown waits for its processes to end
         threading.Thread(target=importlib.import_module, args=("scipy.stats",), daemon=True).start()
