@@ -708,7 +708,8 @@ def start_ray(address: str | None) -> None:
     # forks Ray's processes after its tokenizer ran.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
-        with environment(LOCAL_RAY):  # read only by processes ray.init starts: a Ray of its own, never a cluster's
+        # Only for a Ray of its own: set while joining a cluster, the lost-node test's sweep ran 7 min and failed
+        with environment(LOCAL_RAY if address in (None, "", "local") else {}):
             ray.init(address=address, include_dashboard=False, configure_logging=False)
         if started_here():
             quiet_autoscaler_events()
