@@ -36,6 +36,7 @@ from __future__ import annotations
 import concurrent.futures
 import copy
 import dataclasses
+import gc
 import math
 import os
 import time
@@ -1226,13 +1227,23 @@ def finetune_pack(cfgs: list[FinetuneConfig], data: TokenizedTask, pretrained: P
                 out_of_memory = True
             if out_of_memory:  # out of the handler: the failed step's tensors, held by its traceback, are gone
                 runs[:1] = run.split()
-                if torch.cuda.is_available():
-                    torch.cuda.empty_cache()
+                release_memory()
                 continue
             for i, ledger in zip(run.members, run.ledgers):
                 results[i] = ledger.result
             runs.pop(0)
+            release_memory()
     return results
+
+
+def release_memory() -> None:
+    """Give back the memory of a pack that has ended. A Pack and its parts refer to each other (its encoder,
+    optimizer and gradients hold it), so dropping it frees nothing until Python's cycle collector happens to
+    run: on an H100 a finished pack of 34 still held 58 GiB while the next group was probed and set up, which
+    then ran out of memory at a pack of 1."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 class Trainer:

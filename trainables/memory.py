@@ -51,14 +51,18 @@ class MemoryAccountant(TorchDispatchMode):
 
 
 def peak_bytes(run, device: torch.device, tracked=()) -> int:
-    """Bytes held at the peak of `run()`: on a GPU the allocator's own count (everything allocated on the card),
-    elsewhere a `MemoryAccountant`'s over `tracked` and whatever `run` makes."""
+    """Bytes held at the peak of `run()`: the storages of `tracked` and whatever `run` makes on top of what was
+    allocated when it began. On a GPU the allocator counts it: its peak minus what it held before (which is not
+    only `tracked`: what other packs of this process hold), plus `tracked`'s own. Elsewhere a
+    `MemoryAccountant` counts the same."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
         run()
         torch.cuda.synchronize(device)
-        return int(torch.cuda.max_memory_allocated(device))
+        own = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tracked if t.is_cuda}
+        return int(torch.cuda.max_memory_allocated(device) - before + sum(own.values()))
     with MemoryAccountant() as accountant:
         accountant.track(*tracked)
         run()
