@@ -35,7 +35,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import types
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -64,6 +63,8 @@ def parse_args():
                    help="peer processes at a time, one row each (default: the cores on CPU; 1 2 4 on GPU, i.e. "
                         "fractions 1, 0.5, 0.25 of the card); 0 skips the peer")
     p.add_argument("--skip-unfused", action="store_true", help="leave out our unfused loop")
+    p.add_argument("--groups", type=int, default=3,
+                   help="GPU mode: the --pack auto row trains this many groups of what fits (default 3; 0 leaves it out)")
     p.add_argument("--sweep", action="store_true",
                    help="CPU mode: also time the real sweep command on trials of the same shape (python -m sweep "
                         "incremental, k = 0..--trials-1, one trial each: Ray's start, loading and Tune included)")
@@ -71,21 +72,12 @@ def parse_args():
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--compare-func", action="store_true",
                    help="also time one training step of torch.func (functional_call + vmap over stacked HF params)")
+    p.add_argument("--step-profile", action="store_true",
+                   help="per pack size, one step's wall time, the host's time to issue it and the GPU's "
+                        "kernel time in it (torch.profiler): whether the GPU waits on Python")
     p.add_argument("--peer-trial", type=json.loads, help=argparse.SUPPRESS)  # internal: one peer process
     p.add_argument("--out", help="also write the figures as JSON here")
     return p.parse_args()
-
-
-def allow_missing_scipy_and_datasets() -> None:
-    """A GPU machine may hold only torch, transformers and numpy. trainables.metrics needs scipy and datasets
-    (through trainables.tasks); SST-2 needs accuracy alone, so it stands in for the module there."""
-    try:
-        import datasets  # noqa: F401
-        import scipy  # noqa: F401
-    except ImportError:
-        stand_in = types.ModuleType("trainables.metrics")
-        stand_in.compute_metrics = lambda task, predictions, labels: {"accuracy": float(np.mean(predictions == labels))}
-        sys.modules["trainables.metrics"] = stand_in
 
 
 def read_sst2(data_dir: str, split: str) -> tuple[list[str], np.ndarray]:
@@ -379,6 +371,73 @@ def pack_step_seconds(cfgs, data, pretrained, steps: int = 5) -> float:
     return float(np.median(times[1:]))
 
 
+def step_profile(cfgs, data, pretrained, steps: int = 5, table: str | None = None) -> dict:
+    """One pack's training steps on a GPU, after three warm-up steps: wall seconds per step (synchronized) and
+    the host's seconds to issue one (the call returns before the GPU is done, unless the launch queue fills),
+    both without a profiler, whose per-op bookkeeping would slow the host; then the seconds of GPU kernels a
+    step (torch.profiler's device self time) over `steps` more. Kernel time well below the wall means the GPU
+    waits on the host. `table`: a file for the profiler's table of the kernels that take longest."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    from trainables.fused import Pack, release_memory
+
+    pack = Pack(cfgs, data, pretrained)
+    batches, labels = pack.plan(pack.orders())
+    work = list(zip(batches, labels))
+    for batch, y in work[:3]:
+        pack.step(batch, y)
+    pack.compute.synchronize()
+    issue, walls = [], []
+    for batch, y in work[3:3 + steps]:
+        tick = time.perf_counter()
+        pack.step(batch, y)
+        issue.append(time.perf_counter() - tick)
+        pack.compute.synchronize()
+        walls.append(time.perf_counter() - tick)
+    gpu = pack.compute.device.type == "cuda"
+    with profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if gpu else [])]) as prof:
+        for batch, y in work[3 + steps:3 + 2 * steps]:
+            pack.step(batch, y)
+        pack.compute.synchronize()
+    averages = prof.key_averages()
+    if table:
+        Path(table).write_text(averages.table(sort_by="self_device_time_total" if gpu else "self_cpu_time_total",
+                                              row_limit=40, max_name_column_width=70))
+    result = {"pack": len(cfgs), "seconds_per_step": float(np.median(walls)),
+              "host_issue_seconds_per_step": float(np.median(issue)),
+              # the kernels' own rows: an op's row repeats the time of the kernels it launched
+              "kernel_seconds_per_step": sum(e.self_device_time_total for e in averages
+                                             if e.device_type == DeviceType.CUDA and not e.is_user_annotation)
+                                         / 1e6 / steps,
+              "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if gpu else float("nan")}
+    del pack, batches, labels, work
+    release_memory()
+    return result
+
+
+def profile_row(figures, cfgs, data, pretrained, out: str | None) -> None:
+    """The step profile of a pack of these trials as a row (and its kernel table beside --out); a diagnostic,
+    so an error in it is the row's, and the rows after it still run."""
+    from trainables.fused import release_memory
+
+    name = f"step_profile_pack{len(cfgs)}"
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    try:
+        row = step_profile(cfgs, data, pretrained, table=str(Path(out).with_name(f"kernels_pack{len(cfgs)}.txt"))
+                           if out else None)
+    except Exception as error:  # noqa: BLE001
+        figures.skip(name, repr(error))
+        release_memory()  # the failed pack, held by the traceback until now
+        return
+    figures.rows[name] = row
+    print(f"pack {len(cfgs)}, one step: {row['seconds_per_step'] * 1e3:.1f} ms wall, the host issues it in "
+          f"{row['host_issue_seconds_per_step'] * 1e3:.1f} ms, GPU kernels {row['kernel_seconds_per_step'] * 1e3:.1f} "
+          f"ms; peak {row['peak_memory_gib']:.1f} GiB", flush=True)
+    figures.write()
+
+
 def bert_base_folder(pretrained, tokenizer_path: str, folder: str) -> str:
     """The random BERT-base weights and the tokenizer saved where the peer's from_pretrained reads them."""
     from transformers import AutoTokenizer, BertModel
@@ -393,6 +452,7 @@ def bert_base_folder(pretrained, tokenizer_path: str, folder: str) -> str:
 def compare(args, pretrained, data, peer_model_path: str, device: str, header: dict) -> dict:
     """Every row on the same trials: fused packs, our unfused loop, the peer at each concurrency."""
     from trainables.cost import peak_flops
+    from trainables.fused import release_memory
 
     gpu, layers = device.startswith("cuda"), pretrained.num_layers
     if args.sweep and not gpu and args.trials > layers + 1:  # said now, not after the rows before it have run
@@ -400,7 +460,7 @@ def compare(args, pretrained, data, peer_model_path: str, device: str, header: d
                          f"{args.trials - 1}, and the model has {layers} layers (--trials at most {layers + 1})")
     fits = fitting_trials(pretrained) if gpu else None
     packs = args.packs or ([1, 8, fits] if gpu else [args.trials])
-    grouped = 3 * fits if gpu else 0  # --pack auto's Tune trial on this card: three groups of what fits
+    grouped = args.groups * fits if gpu else 0  # --pack auto's Tune trial on this card: groups of what fits
     cfgs = trial_configs(max([args.trials, *packs, grouped]), args, layers, gpu)
     peak, source = peak_flops(device)
     figures = Figures(cfgs, data, pretrained, peak, args.out, header)
@@ -417,11 +477,15 @@ def compare(args, pretrained, data, peer_model_path: str, device: str, header: d
             wall, accuracy = time_pack(cfgs[:size], data, pretrained, device_size=size)
         except torch.OutOfMemoryError as error:
             figures.skip(name, f"out of memory: {str(error).splitlines()[0]}")
+            release_memory()
             continue
         extra = {"peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30} if gpu else {}
         figures.add(name, size, wall, accuracy, **extra)
-    if gpu:
-        figures.add(f"ours, --pack auto: 3 groups of {fits}, set up in the background", grouped,
+    if args.step_profile:
+        for size in [size for size in packs if not gpu or size <= fits]:
+            profile_row(figures, cfgs[:size], data, pretrained, args.out)
+    if grouped:
+        figures.add(f"ours, --pack auto: {args.groups} groups of {fits}, set up in the background", grouped,
                     *time_pack(cfgs[:grouped], data, pretrained))
     if not gpu:  # --pack auto on CPUs: packs of one, one per core
         at_once = len(os.sched_getaffinity(0))
@@ -486,7 +550,6 @@ def cpu_mode(args) -> dict:
 
 
 def gpu_mode(args) -> dict:
-    allow_missing_scipy_and_datasets()
     from transformers import AutoTokenizer
 
     pretrained = bert_base_shape()
