@@ -35,10 +35,12 @@ DEVICES = ("cpu", "a10g", "a100", "h100", "h200", "l4", "l40s", "t4", "v100")
 # MFU over the wall clock when the store has no finished row on that kind of device, and the prior its rows are
 # weighed against. CPU: this 2-core VM's MiniLM trials on real SST-2 and CoLA run by the sweep command on an
 # idle machine: 0.437 over the 8 rows of two sweeps and 0.459 for fused_bench's sweep row (docs/benchmarks.md,
-# "Precision targets and cost estimates", 2026-11-24; 0.33 before, from rows run beside the test suite). GPU: not
-# measured in this project (no GPU was lent); BERT finetuning at batch 8 on short, unpadded sentences is bound
-# by kernel launches more than by FLOPs, so an assumption of 5%, replaced by a GPU sweep's own rows.
-DEFAULT_MFU = {"cpu": 0.44, "gpu": 0.05}
+# "Precision targets and cost estimates", 2026-11-24; 0.33 before, from rows run beside the test suite). GPU: an
+# H100, --pack auto's two groups of 34 BERT-base trials (SST-2, 500 examples, 5 epochs, bf16), setup and
+# evaluation included: 0.0123 of the dense bf16 peak (docs/benchmarks.md, "The fused engine on an H100",
+# 2026-11-26). Batch 8 of short sentences is bound by the optimizer's memory traffic over fp32 master weights,
+# not by FLOPs; 5% had been assumed before.
+DEFAULT_MFU = {"cpu": 0.44, "gpu": 0.012}
 PRIOR_ROWS = 4
 # Seconds once per sweep (Ray's start, loading and tokenizing the tasks, loading the weights) and per trial
 # outside its own clock (its Ray actor, its row), on this VM (docs/benchmarks.md); a second stage of a
@@ -157,10 +159,10 @@ def rate_for(device: str, rows: pd.DataFrame | None, model: str, cpus_per_trial:
         mfu = blended_mfu(measured[0], measured[2], default)
         source = (f"MFU {mfu:.3f}: the FLOPs over the wall seconds of the store's {measured[3]} on {device} "
                   f"({measured[0]:.3f} against their {flops_per_second(measured[1])} peak), weighed against the stated "
-                  f"default {default:.2f} as {PRIOR_ROWS} rows")
+                  f"default {default:g} as {PRIOR_ROWS} rows")
     else:
         mfu = default
-        source = f"MFU {mfu:.2f}, the stated default (no finished row on {device} in the store)"
+        source = f"MFU {mfu:g}, the stated default (no finished row on {device} in the store)"
     return Rate(device, peak, mfu, slots, f"{where}; {source}", share=share)
 
 
