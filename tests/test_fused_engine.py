@@ -93,6 +93,25 @@ def test_the_memory_accountant_counts_live_storages():
     assert accountant.peak == 3_000_000 and accountant.now == 1_250_000 and c.numel()
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="the allocator's count needs a GPU"))])
+def test_a_probe_counts_what_it_tracks_and_makes_not_what_others_hold(device):
+    """A pack's probe must not read another pack's memory as its own: on an H100 a finished pack's 58 GiB,
+    counted in, made the planner shrink the next group to one trial."""
+    from trainables.memory import peak_bytes
+
+    device = torch.device(device, 0) if device == "cuda" else torch.device(device)
+    others = torch.ones(4_000_000, device=device)  # 16 MB held by someone else, allocated before the probe
+    tracked = torch.zeros(1_000_000, device=device)  # 4 MB: the pack's own state
+
+    def run():
+        scratch = torch.ones(500_000, device=device) * 2  # 2 MB each, both alive at the peak
+        return scratch.sum()
+
+    held = peak_bytes(run, device, [tracked, tracked[:10]])  # a view is the same storage: counted once
+    assert 8_000_000 <= held <= 8_500_000 and others.numel(), held
+
+
 def run(cfgs, data, pretrained, **options):
     reports = []
     results = finetune_pack(cfgs, data, pretrained, report=reports.append, **options)
