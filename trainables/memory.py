@@ -61,7 +61,8 @@ def peak_bytes(run, device: torch.device, tracked=()) -> int:
         torch.cuda.reset_peak_memory_stats(device)
         run()
         torch.cuda.synchronize(device)
-        own = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tracked if t.is_cuda}
+        card = device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
+        own = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tracked if t.device == card}
         return int(torch.cuda.max_memory_allocated(device) - before + sum(own.values()))
     with MemoryAccountant() as accountant:
         accountant.track(*tracked)
