@@ -424,12 +424,15 @@ def profile_row(figures, cfgs, data, pretrained, out: str | None) -> None:
     name = f"step_profile_pack{len(cfgs)}"
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
+    failure = None
     try:
         row = step_profile(cfgs, data, pretrained, table=str(Path(out).with_name(f"kernels_pack{len(cfgs)}.txt"))
                            if out else None)
     except Exception as error:  # noqa: BLE001
-        figures.skip(name, repr(error))
-        release_memory()  # the failed pack, held by the traceback until now
+        failure = repr(error)
+    if failure is not None:  # out of the handler: its traceback no longer holds the failed pack
+        figures.skip(name, failure)
+        release_memory()
         return
     figures.rows[name] = row
     print(f"pack {len(cfgs)}, one step: {row['seconds_per_step'] * 1e3:.1f} ms wall, the host issues it in "
@@ -473,10 +476,13 @@ def compare(args, pretrained, data, peer_model_path: str, device: str, header: d
             continue
         if gpu:
             torch.cuda.reset_peak_memory_stats()
+        failure = None
         try:
             wall, accuracy = time_pack(cfgs[:size], data, pretrained, device_size=size)
         except torch.OutOfMemoryError as error:
-            figures.skip(name, f"out of memory: {str(error).splitlines()[0]}")
+            failure = f"out of memory: {str(error).splitlines()[0]}"
+        if failure is not None:  # out of the handler: its traceback no longer holds the failed pack
+            figures.skip(name, failure)
             release_memory()
             continue
         extra = {"peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30} if gpu else {}
