@@ -36,16 +36,24 @@ DEVICES = ("cpu", "a10g", "a100", "h100", "h200", "l4", "l40s", "t4", "v100")
 # weighed against. CPU: this 2-core VM's MiniLM trials on real SST-2 and CoLA run by the sweep command on an
 # idle machine: 0.437 over the 8 rows of two sweeps and 0.459 for fused_bench's sweep row (docs/benchmarks.md,
 # "Precision targets and cost estimates", 2026-11-24; 0.33 before, from rows run beside the test suite). GPU: an
-# H100, --pack auto's two groups of 34 BERT-base trials (SST-2, 500 examples, 5 epochs, bf16), setup and
-# evaluation included: 0.0123 of the dense bf16 peak (docs/benchmarks.md, "The fused engine on an H100",
-# 2026-11-26). Batch 8 of short sentences is bound by the optimizer's memory traffic over fp32 master weights,
-# not by FLOPs; 5% had been assumed before.
+# H100, --pack auto's two groups of 34 BERT-base trials (SST-2, 500 examples, 5 epochs, bf16), setup, probe
+# and evaluation included: 0.0123 of the dense bf16 peak (docs/benchmarks.md, "The fused engine on an H100",
+# 2026-11-26). Batch 8 of short sentences is bound by memory traffic (AdamW over fp32 master weights, casts and
+# copies, clipping), not by FLOPs; 5% had been assumed before. Unfused trials on a GPU run far lower
+# (0.001-0.002 for a pack of 1 or the Trainer peer there): the default is --pack auto's.
 DEFAULT_MFU = {"cpu": 0.44, "gpu": 0.012}
 PRIOR_ROWS = 4
 # Seconds once per sweep (Ray's start, loading and tokenizing the tasks, loading the weights) and per trial
 # outside its own clock (its Ray actor, its row), on this VM (docs/benchmarks.md); a second stage of a
 # precision-targeted sweep starts its Tune run again (Ray stays up).
 STARTUP_SECONDS, TRIAL_OVERHEAD_SECONDS, STAGE_SECONDS = 25.0, 2.0, 8.0
+
+
+def trial_overhead(device: str) -> float:
+    """Seconds a trial costs outside its own clock. On GPUs --pack auto puts a hundred-odd trials in one Tune
+    actor (sweep.packs: three groups of what fits), so the actor's start is a few hundredths of a second a
+    trial, and a pack's setup and evaluation are inside the rows' wall time, which the MFU is measured over."""
+    return TRIAL_OVERHEAD_SECONDS if device == "cpu" else 0.0
 # Tokens per example (mean, mean of squares) of the train and dev splits of tasks counted without their data (a
 # hub task in a dry run): measured with the BERT uncased vocabulary on the GLUE files here (QNLI's train split is
 # not here: its dev split's figures); any other task: DEFAULT_TOKENS.
@@ -163,7 +171,7 @@ def rate_for(device: str, rows: pd.DataFrame | None, model: str, cpus_per_trial:
     else:
         mfu = default
         source = f"MFU {mfu:g}, the stated default (no finished row on {device} in the store)"
-    return Rate(device, peak, mfu, slots, f"{where}; {source}", share=share)
+    return Rate(device, peak, mfu, slots, f"{where}; {source}", overhead=trial_overhead(device), share=share)
 
 
 def flops_per_second(peak: float) -> str:
@@ -421,7 +429,7 @@ def remaining_line(trials: pd.DataFrame, stored: pd.DataFrame, not_run: str) -> 
     flops = means.reindex(keys).to_numpy(float)
     flops = np.where(np.isfinite(flops), flops, float(np.nanmean(means.to_numpy(float))))
     slots = observed_slots(ok)
-    rate = Rate(device, measured[1], measured[0], slots, "", share=1.0)
+    rate = Rate(device, measured[1], measured[0], slots, "", overhead=trial_overhead(device), share=1.0)
     seconds = sweep_seconds(flops, rate, started=True)
     return (f"remaining: {len(left)} trials not yet run (or running), about {hours(seconds)} on {slots} "
             f"slot{'s' * (slots > 1)} at the rate of its {measured[2]} finished rows (MFU {measured[0]:.3f} of "
