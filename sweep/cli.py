@@ -708,7 +708,10 @@ def start_ray(address: str | None) -> None:
     # forks Ray's processes after its tokenizer ran.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
-        # Only for a Ray of its own: set while joining a cluster, the lost-node test's sweep ran 7 min and failed
+        # Only for a Ray of its own. A driver that joins a cluster with RAY_enable_autoscaler_v2 set takes the
+        # cluster for v2 (ray.autoscaler.v2.utils.is_autoscaler_v2 trusts the local flag) and parses a v1
+        # monitor's log lines as v2 events: a "Failed to parse event" traceback for each, 25 in a 12 s sweep,
+        # which filled the lost-node test's unread pipe and stalled its sweep for 10 minutes.
         with environment(LOCAL_RAY if address in (None, "", "local") else {}):
             ray.init(address=address, include_dashboard=False, configure_logging=False)
         if started_here():
