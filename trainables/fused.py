@@ -820,6 +820,7 @@ def device_budget(device: torch.device, gpu_fraction: float) -> int | None:
     """Bytes a pack may take on `device`: a GPU's free memory, within the share of it Ray gave (None: a CPU)."""
     if device.type != "cuda":
         return None
+    release_memory()  # an ended pack of this process would read as taken until collected
     free, total = torch.cuda.mem_get_info(device)
     return int(min(free, gpu_fraction * total)) if gpu_fraction < 1 else int(free)
 
@@ -1207,8 +1208,6 @@ def finetune_pack(cfgs: list[FinetuneConfig], data: TokenizedTask, pretrained: P
         if finished and report is not None:  # their rows come from the last report: it must hold them again
             report(finished)
     else:
-        if device.type == "cuda":  # what an earlier pack of this process left is not this one's to plan around
-            release_memory()
         budget = device_budget(device, cfgs[0].gpu_fraction)
         fitting = len(cfgs) if budget is None else trials_that_fit(budget, parameter_count(pretrained))
         size = device_size or min(len(cfgs), fitting)
@@ -1229,12 +1228,11 @@ def finetune_pack(cfgs: list[FinetuneConfig], data: TokenizedTask, pretrained: P
                 out_of_memory = True
             if out_of_memory:  # out of the handler: the failed step's tensors, held by its traceback, are gone
                 runs[:1] = run.split()
-                release_memory()
-                continue
-            for i, ledger in zip(run.members, run.ledgers):
-                results[i] = ledger.result
-            runs.pop(0)
-            if runs:  # the next group is built now: the finished one's memory first
+            else:
+                for i, ledger in zip(run.members, run.ledgers):
+                    results[i] = ledger.result
+                runs.pop(0)
+            if runs:  # the pack that ended (finished, or split) gives its memory back before the next is built
                 release_memory()
     return results
 
