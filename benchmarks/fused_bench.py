@@ -356,19 +356,30 @@ def func_step_seconds(cfgs, data, pretrained, steps: int = 5) -> float:
     return float(np.median(times[1:]))
 
 
+def timed_steps(pack, work, warm_up: int) -> tuple[list[float], list[float]]:
+    """Train `pack` on `work` ((batch, labels) pairs), the first `warm_up` untimed: per step the host's seconds
+    to issue it (the call returns before a GPU is done, unless its launch queue fills) and the wall seconds
+    until the device has finished it."""
+    for batch, y in work[:warm_up]:
+        pack.step(batch, y)
+    pack.compute.synchronize()
+    issue, walls = [], []
+    for batch, y in work[warm_up:]:
+        tick = time.perf_counter()
+        pack.step(batch, y)
+        issue.append(time.perf_counter() - tick)
+        pack.compute.synchronize()
+        walls.append(time.perf_counter() - tick)
+    return issue, walls
+
+
 def pack_step_seconds(cfgs, data, pretrained, steps: int = 5) -> float:
     """Seconds per training step of our fused encoder on the same trials (after one warm-up step)."""
     from trainables.fused import Pack
 
     pack = Pack(cfgs, data, pretrained)
     batches, labels = pack.plan(pack.orders())
-    times = []
-    for batch, y in list(zip(batches, labels))[: steps + 1]:
-        tick = time.perf_counter()
-        pack.step(batch, y)
-        pack.compute.synchronize()
-        times.append(time.perf_counter() - tick)
-    return float(np.median(times[1:]))
+    return float(np.median(timed_steps(pack, list(zip(batches, labels))[: steps + 1], warm_up=1)[1]))
 
 
 def step_profile(cfgs, data, pretrained, steps: int = 5, table: str | None = None) -> dict:
@@ -385,16 +396,7 @@ def step_profile(cfgs, data, pretrained, steps: int = 5, table: str | None = Non
     pack = Pack(cfgs, data, pretrained)
     batches, labels = pack.plan(pack.orders())
     work = list(zip(batches, labels))
-    for batch, y in work[:3]:
-        pack.step(batch, y)
-    pack.compute.synchronize()
-    issue, walls = [], []
-    for batch, y in work[3:3 + steps]:
-        tick = time.perf_counter()
-        pack.step(batch, y)
-        issue.append(time.perf_counter() - tick)
-        pack.compute.synchronize()
-        walls.append(time.perf_counter() - tick)
+    issue, walls = timed_steps(pack, work[:3 + steps], warm_up=3)
     gpu = pack.compute.device.type == "cuda"
     with profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if gpu else [])]) as prof:
         for batch, y in work[3 + steps:3 + 2 * steps]:
@@ -416,6 +418,15 @@ def step_profile(cfgs, data, pretrained, steps: int = 5, table: str | None = Non
     return result
 
 
+def attempt(call, errors) -> tuple[object, str | None]:
+    """(call(), None), or (None, the error's first line) for one of `errors`. The caller acts on a failure out
+    here, where no traceback holds the frames that failed (and a pack's memory with them)."""
+    try:
+        return call(), None
+    except errors as error:
+        return None, f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+
+
 def profile_row(figures, cfgs, data, pretrained, out: str | None) -> None:
     """The step profile of a pack of these trials as a row (and its kernel table beside --out); a diagnostic,
     so an error in it is the row's, and the rows after it still run."""
@@ -424,13 +435,9 @@ def profile_row(figures, cfgs, data, pretrained, out: str | None) -> None:
     name = f"step_profile_pack{len(cfgs)}"
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
-    failure = None
-    try:
-        row = step_profile(cfgs, data, pretrained, table=str(Path(out).with_name(f"kernels_pack{len(cfgs)}.txt"))
-                           if out else None)
-    except Exception as error:  # noqa: BLE001
-        failure = repr(error)
-    if failure is not None:  # out of the handler: its traceback no longer holds the failed pack
+    row, failure = attempt(lambda: step_profile(cfgs, data, pretrained, table=str(Path(out).with_name(
+        f"kernels_pack{len(cfgs)}.txt")) if out else None), Exception)
+    if failure is not None:
         figures.skip(name, failure)
         release_memory()
         return
@@ -476,15 +483,13 @@ def compare(args, pretrained, data, peer_model_path: str, device: str, header: d
             continue
         if gpu:
             torch.cuda.reset_peak_memory_stats()
-        failure = None
-        try:
-            wall, accuracy = time_pack(cfgs[:size], data, pretrained, device_size=size)
-        except torch.OutOfMemoryError as error:
-            failure = f"out of memory: {str(error).splitlines()[0]}"
-        if failure is not None:  # out of the handler: its traceback no longer holds the failed pack
+        timed, failure = attempt(lambda: time_pack(cfgs[:size], data, pretrained, device_size=size),
+                                 torch.OutOfMemoryError)
+        if failure is not None:
             figures.skip(name, failure)
             release_memory()
             continue
+        wall, accuracy = timed
         extra = {"peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30} if gpu else {}
         figures.add(name, size, wall, accuracy, **extra)
     if args.step_profile:
