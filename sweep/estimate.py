@@ -48,12 +48,6 @@ PRIOR_ROWS = 4
 # precision-targeted sweep starts its Tune run again (Ray stays up).
 STARTUP_SECONDS, TRIAL_OVERHEAD_SECONDS, STAGE_SECONDS = 25.0, 2.0, 8.0
 
-
-def trial_overhead(device: str) -> float:
-    """Seconds a trial costs outside its own clock. On GPUs --pack auto puts a hundred-odd trials in one Tune
-    actor (sweep.packs: three groups of what fits), so the actor's start is a few hundredths of a second a
-    trial, and a pack's setup and evaluation are inside the rows' wall time, which the MFU is measured over."""
-    return TRIAL_OVERHEAD_SECONDS if device == "cpu" else 0.0
 # Tokens per example (mean, mean of squares) of the train and dev splits of tasks counted without their data (a
 # hub task in a dry run): measured with the BERT uncased vocabulary on the GLUE files here (QNLI's train split is
 # not here: its dev split's figures); any other task: DEFAULT_TOKENS.
@@ -65,6 +59,13 @@ DEV_SIZES = {"sst2": 872, "cola": 1043, "qnli": 5463, "rte": 277, "mrpc": 408, "
 # Hidden sizes of the paper's hub models, whose config a dry run does not download (their layers and heads
 # are sweep.cli.KNOWN_SHAPES'); feed-forward layers are 4x as wide.
 KNOWN_HIDDEN = {"bert-base-uncased": 768, "bert-base-cased": 768, "bert-large-uncased": 1024}
+
+
+def trial_overhead(device: str) -> float:
+    """Seconds a trial costs outside its own clock. On GPUs --pack auto puts a hundred-odd trials in one Tune
+    actor (sweep.packs: three groups of what fits), so the actor's start is a few hundredths of a second a
+    trial, and a pack's setup and evaluation are inside the rows' wall time, which the MFU is measured over."""
+    return TRIAL_OVERHEAD_SECONDS if device == "cpu" else 0.0
 
 
 @dataclasses.dataclass(frozen=True)
