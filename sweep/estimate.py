@@ -47,7 +47,6 @@ PRIOR_ROWS = 4
 # outside its own clock (its Ray actor, its row), on this VM (docs/benchmarks.md); a second stage of a
 # precision-targeted sweep starts its Tune run again (Ray stays up).
 STARTUP_SECONDS, TRIAL_OVERHEAD_SECONDS, STAGE_SECONDS = 25.0, 2.0, 8.0
-
 # Tokens per example (mean, mean of squares) of the train and dev splits of tasks counted without their data (a
 # hub task in a dry run): measured with the BERT uncased vocabulary on the GLUE files here (QNLI's train split is
 # not here: its dev split's figures); any other task: DEFAULT_TOKENS.
