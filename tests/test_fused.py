@@ -117,6 +117,16 @@ def test_each_trial_of_a_pack_trains_as_it_would_alone(members, quiet, synthetic
         assert by_seed[6]["clipped_steps"] == 6 and by_seed[5]["clipped_steps"] == 0
 
 
+def test_in_bf16_each_trial_of_a_pack_trains_as_it_would_alone(quiet, synthetic, monkeypatch):
+    # bf16 is what GPUs run: the pack casts its weights once per update (PackEncoder.refresh), a lone trial
+    # at every use under autocast. A pack that kept its first cast drifts by 8-16% here.
+    cfgs = [dataclasses.replace(MIXED[i], precision="bf16") for i in (0, 6, 1)]
+    losses = packed_losses(cfgs, synthetic, quiet)
+    for column, cfg in enumerate(cfgs):
+        expected_losses, _ = alone(cfg, synthetic, quiet, monkeypatch)
+        np.testing.assert_allclose(losses[:, column], expected_losses, rtol=2e-3)
+
+
 def test_the_vocabulary_gradient_read_by_rows_on_cpu_equals_the_whole_table_read_on_gpus(quiet, synthetic):
     cfgs = [MIXED[i] for i in (0, 5, 6)]  # seed 6 is clipped at every step, seed 5 never
     by_rows, whole = Pack(cfgs, synthetic, quiet), Pack(cfgs, synthetic, quiet)

@@ -311,9 +311,10 @@ class Calls(torch.utils._python_dispatch.TorchDispatchMode):
         return sum(f is op for f, _ in self.calls)
 
 
-def test_a_gpu_step_sorts_no_activation_gradients(pretrained, synthetic):
-    """What an H100's profile of a pack-of-34 step showed and a CPU can only count: autograd's index_put, which
-    sorts, for the gradients of the attention gathers (7.8 ms a step)."""
+def test_a_gpu_step_casts_the_weights_once_and_sorts_no_activation_gradients(pretrained, synthetic):
+    """What an H100's profile of a pack-of-34 step showed and a CPU can only count: each weight and bias cast
+    to bf16 on its own by a strided kernel; autograd's index_put, which sorts, for the gradients of the
+    attention gathers (7.8 ms a step)."""
     cfgs = [dataclasses.replace(MIXED[i], precision="bf16") for i in (0, 6, 1)]
     pack = Pack(cfgs, synthetic, pretrained)
     pack.words.sparse, pack.bucketed = False, True  # as on a GPU
@@ -322,6 +323,11 @@ def test_a_gpu_step_sorts_no_activation_gradients(pretrained, synthetic):
     with Calls() as ops:
         pack.step(batches[1], labels[1])
     aten = torch.ops.aten
+    bank = pack.banks[1].untyped_storage().data_ptr()
+    casts = [args for f, args in ops.calls if f in (aten._to_copy, aten.copy_)
+             if any(isinstance(a, torch.Tensor) and a.dtype == torch.float32
+                    and a.untyped_storage().data_ptr() == bank for a in args)]
+    assert len(casts) == 1, f"bank 1 was read by {len(casts)} casts: one a step serves every linear layer"
     # left: the position and token-type tables, whose repeats carry real gradients
     assert ops.count(aten.index_put) + ops.count(aten.index_put_) + ops.count(aten._index_put_impl_) == 2
     assert ops.count(aten.index_add) >= 2 * LAYERS - 1  # index_select's backward
