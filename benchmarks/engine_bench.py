@@ -5,11 +5,12 @@
 The trials are the paper's 500-example grid's: SST-2 (real files, ../shared/data/glue), 500-example subsets,
 batch 8, lr 2e-5, clipping at 1.0, linear decay, dropout on; trial t has subset and seed t and k = t mod 13.
 1. ops: aten ops dispatched by one pack-step (a TorchDispatchMode counts them), BERT-base's depth (12 layers,
-   12 heads) with widths shrunk to --width, at each pack size; as a GPU runs it (the vocabulary's gradient
-   read whole, widths bucketed) and as this CPU does. Views (ops that launch no kernel) are counted apart.
-2. host: seconds a pack-step takes at minimal widths (hidden 12, a 512-row vocabulary), where the arithmetic
-   is a few microseconds: what the host spends dispatching the step (Python, torch's dispatcher, tiny
-   kernels), an upper bound of a GPU host's time per op on this CPU.
+   12 heads) with widths shrunk to --width, at each pack size; as a GPU runs it (bf16, the vocabulary's
+   gradient read whole, widths bucketed) and as this CPU does (fp32). Views (ops that launch no kernel) are
+   counted apart.
+2. host: seconds a pack-step takes in bf16 at minimal widths (hidden 12, a 512-row vocabulary), where the
+   arithmetic is a few microseconds: what the host spends dispatching the step (Python, torch's dispatcher,
+   tiny kernels), an upper bound of a GPU host's time per op on this CPU.
 3. setup: seconds a trial of BERT-base's shape (random weights) takes to set up, with this machine's threads:
    the grid's mix of surgery (k = 0, 4, 8, 12: 6 layers drawn on average), and the same trials with no surgery.
 4. memory: bytes a trial holds at its peak per parameter: BERT-base's shape, a training step on the epoch's
@@ -97,8 +98,12 @@ def grid_trials(n: int, ks=None, **fields):
 
 
 def as_on_gpu(pack) -> None:
-    """What a CUDA pack does differently: the vocabulary's gradient read whole, widths bucketed."""
+    """What a CUDA pack does differently: the vocabulary's gradient read whole, widths bucketed (its trials are
+    made with GPU_PRECISION)."""
     pack.words.sparse, pack.bucketed = False, True
+
+
+GPU_PRECISION = "bf16"  # what `precision: auto` resolves to on a GPU
 
 
 def count_ops(data, packs: list[int], width: int) -> list[dict]:
@@ -108,7 +113,7 @@ def count_ops(data, packs: list[int], width: int) -> list[dict]:
     for size in packs:
         row = {"pack": size}
         for where in ("gpu", "cpu"):
-            pack = Pack(grid_trials(size), data, pretrained)
+            pack = Pack(grid_trials(size, precision=GPU_PRECISION if where == "gpu" else "fp32"), data, pretrained)
             if where == "gpu":
                 as_on_gpu(pack)
             batches, labels = pack.plan(pack.orders())
@@ -144,7 +149,7 @@ def host_seconds(data, packs: list[int], steps: int) -> list[dict]:
     small = dataclasses.replace(data, train=shortened(data.train, 8, vocab))
     pretrained, rows = encoder(12, vocab=vocab, heads=1), []
     for size in packs:
-        pack = Pack(grid_trials(size, threads=1), small, pretrained)
+        pack = Pack(grid_trials(size, threads=1, precision=GPU_PRECISION), small, pretrained)
         as_on_gpu(pack)
         batches, labels = pack.plan(pack.orders())
         pack.step(batches[0], labels[0])
