@@ -34,6 +34,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -193,14 +194,88 @@ class Figures:
         return row
 
 
-def time_pack(cfgs, data, pretrained, device_size: int | None = None) -> tuple[float, list[float]]:
-    """(wall seconds, dev accuracies) of one fused pack of whole trials, `device_size` of them at a time
-    (default: all of them; None on a GPU: as many as fit)."""
+class Phases:
+    """Wall seconds a fused run spends in each of its phases beside the training steps, taken by wrapping the
+    engine's own functions for the duration. A phase's seconds are its own: a phase called inside another
+    (a pack set up by its constructor) is taken out of the outer one. A GPU is synchronized at both edges of
+    each main-thread phase, so the phase is charged its own device work and not the steps queued before it.
+    The next group's set-up, which runs in a background thread while a group trains, is timed apart and not
+    synchronized: it overlaps."""
+
+    WRAPPED = {  # phase: (module[:class], function)
+        "set up: trials drawn": ("trainables.fused", "set_up_pack"),
+        "set up: start weights copied": ("trainables.fused:PackParts", "set_up"),
+        "pack built (banks to the device)": ("trainables.fused:Pack", "__init__"),
+        "memory probe": ("trainables.fused:Pack", "peak_memory"),
+        "epoch plans (batches moved)": ("trainables.fused:Pack", "plan"),
+        "evaluation": ("trainables.fused:Pack", "evaluate"),
+        "weight distances": ("trainables.fused:Pack", "weight_distance"),
+        "memory released": ("trainables.fused", "release_memory"),
+    }
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self.restore: list[tuple] = []
+        self.local = threading.local()  # per thread: the children's seconds of each open phase
+
+    def wrap(self, phase: str, owner, name: str) -> None:
+        original = getattr(owner, name)
+        gpu = torch.cuda.is_available()
+
+        def timed(*args, **kwargs):
+            background = threading.current_thread().name.startswith("pack-setup")
+            stack = self.local.__dict__.setdefault("stack", [])
+            if gpu and not background:
+                torch.cuda.synchronize()
+            stack.append(0.0)
+            tick = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                if gpu and not background:
+                    torch.cuda.synchronize()
+                elapsed = time.perf_counter() - tick
+                own = elapsed - stack.pop()
+                if stack:
+                    stack[-1] += elapsed
+                key = f"{phase} (background)" if background else phase
+                self.seconds[key] = self.seconds.get(key, 0.0) + own
+
+        setattr(owner, name, timed)
+        self.restore.append((owner, name, original))
+
+    def __enter__(self) -> "Phases":
+        import importlib
+
+        for phase, (where, name) in self.WRAPPED.items():
+            module, _, cls = where.partition(":")
+            owner = importlib.import_module(module)
+            self.wrap(phase, getattr(owner, cls) if cls else owner, name)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for owner, name, original in reversed(self.restore):
+            setattr(owner, name, original)
+
+    def summary(self, wall: float) -> dict:
+        """Each phase's seconds, and the wall's remainder: the training steps and what no phase covers."""
+        beside = sum(v for k, v in self.seconds.items() if not k.endswith("(background)"))
+        return {**{k: round(v, 2) for k, v in self.seconds.items()},
+                "training steps and the rest": round(wall - beside, 2)}
+
+
+def time_pack(cfgs, data, pretrained, device_size: int | None = None) -> tuple[float, list[float], dict]:
+    """(wall seconds, dev accuracies, seconds by phase (Phases)) of one fused pack of whole trials,
+    `device_size` of them at a time (default: all of them; None on a GPU: as many as fit)."""
     from trainables.fused import finetune_pack
 
-    tick = time.perf_counter()
-    rows = finetune_pack(cfgs, data, pretrained, device_size=device_size)
-    return time.perf_counter() - tick, [r["dev_metric"] for r in rows]
+    with Phases() as phases:
+        tick = time.perf_counter()
+        rows = finetune_pack(cfgs, data, pretrained, device_size=device_size)
+        wall = time.perf_counter() - tick
+    summary = phases.summary(wall)
+    print("  phases, s: " + "; ".join(f"{k} {v:.2f}" for k, v in summary.items()), flush=True)
+    return wall, [r["dev_metric"] for r in rows], summary
 
 
 def fitting_trials(pretrained) -> int:
@@ -489,15 +564,16 @@ def compare(args, pretrained, data, peer_model_path: str, device: str, header: d
             figures.skip(name, failure)
             release_memory()
             continue
-        wall, accuracy = timed
+        wall, accuracy, phases = timed
         extra = {"peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30} if gpu else {}
-        figures.add(name, size, wall, accuracy, **extra)
+        figures.add(name, size, wall, accuracy, phases=phases, **extra)
     if args.step_profile:
         for size in [size for size in packs if not gpu or size <= fits]:
             profile_row(figures, cfgs[:size], data, pretrained, args.out)
     if grouped:
+        wall, accuracy, phases = time_pack(cfgs[:grouped], data, pretrained)
         figures.add(f"ours, --pack auto: {args.groups} groups of {fits}, set up in the background", grouped,
-                    *time_pack(cfgs[:grouped], data, pretrained))
+                    wall, accuracy, phases=phases)
     if not gpu:  # --pack auto on CPUs: packs of one, one per core
         at_once = len(os.sched_getaffinity(0))
         figures.add(f"ours, packs of 1, {at_once} side by side", args.trials,
