@@ -7,6 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from tests.test_fused import LAYERS, MIXED, trial, without_dropout
 from trainables.ablations import HeadReinit, Permute, Reinit, apply_ablation
@@ -296,7 +297,7 @@ def test_a_finished_or_split_pack_is_gone_before_the_next_one_is_built(quiet, sy
     assert len(built) == 3 and alive_at_build == [0, 0, 0]  # the pack of 4, then each half
 
 
-class Calls(torch.utils._python_dispatch.TorchDispatchMode):
+class Calls(TorchDispatchMode):
     """Every aten op a block dispatches, with its arguments."""
 
     def __init__(self):

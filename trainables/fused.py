@@ -636,7 +636,9 @@ class PackEncoder:
         casts them) bank 1 is cast in one pass into a copy kept for the pack's life, whose views serve every
         layer: one contiguous kernel and no new views a step, instead of a strided cast of each weight and
         bias, which ran at about half the memory's speed on an H100. Its 2 bytes a parameter stand in for the
-        per-layer casts that the backward kept until its end anyway."""
+        per-layer casts that the backward kept until its end anyway. Keyed on the optimizer's step count: bank
+        1 changes only in PackOptimizer.step (a resume, a split or a selection builds a new Pack), and torch's
+        fused AdamW leaves tensors' version counters as they were."""
         pack = self.pack
         if pack.compute.precision != "bf16" or self.cast_at == pack.optimizer.step_count:
             return
