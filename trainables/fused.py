@@ -627,8 +627,10 @@ class PackEncoder:
         self.eps = float(config.layer_norm_eps)
         self.num_layers = int(config.num_hidden_layers)
         self.act = ACT2FN[config.hidden_act]
-        self.compute_weights = pack.weights  # what the linear layers read (see refresh)
-        self.low: torch.Tensor | None = None
+        # what the linear layers read: in bf16 views of a copy of bank 1 in that dtype (see refresh)
+        self.low = torch.empty_like(pack.banks[1], dtype=torch.bfloat16) if pack.compute.precision == "bf16" else None
+        self.compute_weights = pack.weights if self.low is None else \
+            {n: pack.layout.view([None, self.low], n) for n in pack.layout.shapes if pack.layout.places[n][0] == 1}
         self.cast_at: int | None = None
 
     def refresh(self) -> None:
@@ -639,17 +641,12 @@ class PackEncoder:
         per-layer casts that the backward kept until its end anyway. Keyed on the optimizer's step count: bank
         1 changes only in PackOptimizer.step (a resume, a split or a selection builds a new Pack), and torch's
         fused AdamW leaves tensors' version counters as they were."""
-        pack = self.pack
-        if pack.compute.precision != "bf16" or self.cast_at == pack.optimizer.step_count:
+        step = self.pack.optimizer.step_count
+        if self.low is None or self.cast_at == step:
             return
-        if self.low is None:
-            with torch.inference_mode(False):  # a first evaluation must not make it an inference tensor
-                self.low = torch.empty_like(pack.banks[1], dtype=torch.bfloat16)
-                self.compute_weights = {n: pack.layout.view([None, self.low], n) for n in pack.layout.shapes
-                                        if pack.layout.places[n][0] == 1}
         with torch.no_grad():
-            self.low.copy_(pack.banks[1])
-        self.cast_at = pack.optimizer.step_count
+            self.low.copy_(self.pack.banks[1])
+        self.cast_at = step
 
     def linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
         weight, bias = self.compute_weights[f"{name}_w"], self.compute_weights[f"{name}_b"]
