@@ -28,6 +28,7 @@ on one GPU. With --out, the JSON is rewritten as each row finishes.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import os
@@ -215,11 +216,10 @@ class Phases:
 
     def __init__(self):
         self.seconds: dict[str, float] = {}
-        self.restore: list[tuple] = []
+        self.patches = contextlib.ExitStack()
         self.local = threading.local()  # per thread: the children's seconds of each open phase
 
-    def wrap(self, phase: str, owner, name: str) -> None:
-        original = getattr(owner, name)
+    def wrapper(self, phase: str, original):
         gpu = torch.cuda.is_available()
 
         def timed(*args, **kwargs):
@@ -241,21 +241,21 @@ class Phases:
                 key = f"{phase} (background)" if background else phase
                 self.seconds[key] = self.seconds.get(key, 0.0) + own
 
-        setattr(owner, name, timed)
-        self.restore.append((owner, name, original))
+        return timed
 
     def __enter__(self) -> "Phases":
         import importlib
+        from unittest import mock
 
         for phase, (where, name) in self.WRAPPED.items():
             module, _, cls = where.partition(":")
             owner = importlib.import_module(module)
-            self.wrap(phase, getattr(owner, cls) if cls else owner, name)
+            owner = getattr(owner, cls) if cls else owner
+            self.patches.enter_context(mock.patch.object(owner, name, self.wrapper(phase, getattr(owner, name))))
         return self
 
     def __exit__(self, *exc) -> None:
-        for owner, name, original in reversed(self.restore):
-            setattr(owner, name, original)
+        self.patches.close()
 
     def summary(self, wall: float) -> dict:
         """Each phase's seconds, and the wall's remainder: the training steps and what no phase covers."""
