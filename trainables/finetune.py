@@ -186,8 +186,9 @@ class Compute:
     pad_id: int
     shape: tuple[int, int, int]
 
-    def autocast(self):
-        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16")
+    def autocast(self, cache: bool = True):
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16",
+                              cache_enabled=cache)
 
     def flops(self, lengths, train: bool) -> float:
         return sequence_flops(lengths, *self.shape, train=train)

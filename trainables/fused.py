@@ -81,6 +81,9 @@ MEMORY_SHARE = 0.9
 # Test-only fault injection: "N" or "N:STEP": a pack of more than N trials runs out of memory (at its optimizer
 # step STEP, default 0), as a card too small for it would, so tests can watch the pack split and go on.
 OOM_ABOVE = "REINIT_SWEEP_OOM_ABOVE"
+# Experimental, off by default until a GPU has measured it: "1" records each batch shape's pack-step as a CUDA
+# graph and replays it (StepGraphs), so that the host issues one launch a step instead of about 1,500.
+CUDA_GRAPHS = "REINIT_SWEEP_CUDA_GRAPHS"
 # The ACCUMULATED tensors' gradients are views of the gradient bank, strided over the pack on purpose; autograd
 # adds into them in place and warns that a strided gradient "may impair performance" (they are small).
 LAYOUT_WARNING = "grad and param do not obey the gradient layout contract"
@@ -435,8 +438,9 @@ class Dropout:
         self._ids: dict[str, tuple[tuple, torch.Tensor]] = {}
         self.begin(0)
 
-    def begin(self, step: int) -> None:
-        """The keys of every site at optimizer step `step` (one small computation a step)."""
+    def begin(self, step: "int | torch.Tensor") -> None:
+        """The keys of every site at optimizer step `step` (one small computation a step). `step` may be the
+        optimizer's count on the device (int64), so that a recorded step (a CUDA graph) draws anew each time."""
         self.site_keys = mix64(self.keys[:, None] + (self.sites + step * len(self.sites)) * GAMMA)
         self.hidden_masks, self.hidden_site, self.attention_site = None, 0, 0
 
@@ -731,6 +735,21 @@ class PackOptimizer:
         self.step_count = 0
         self._compact: dict[float, list[torch.Tensor]] = {}
         self._views: dict[str, tuple] = {}
+        self.lr_tables: dict[float, torch.Tensor] | None = None
+
+    def counter(self) -> torch.Tensor:
+        """The steps taken so far, on the device (int64; `steps`, AdamW's count, is float32 and exact here)."""
+        return self.steps.long()
+
+    def read_lr_from_device(self, total_steps: int) -> None:
+        """From now on every learning rate is read, at each step, from a table of lr * schedule(s) on the
+        device, instead of passed as a number: a recorded step (a CUDA graph) then follows the schedule. The
+        table holds float64 on CPUs (torch's CPU kernel reads it as a double: the same numbers as a Python
+        float) and float32 on GPUs (its CUDA kernel reads a float)."""
+        dtype = torch.float64 if self.steps.device.type == "cpu" else torch.float32
+        rates = {lr for lr, _ in self.groups} | set(self.word_rows or {})
+        self.lr_tables = {lr: torch.tensor([lr * self.schedule(s) for s in range(total_steps)], dtype=dtype,
+                                           device=self.steps.device) for lr in rates}
 
     def views(self, what: str, banks: list[torch.Tensor]) -> dict[tuple, list[torch.Tensor]]:
         """Each group's runs in `banks` (the weights, gradients or a moment), made once per set of banks."""
@@ -752,6 +771,8 @@ class PackOptimizer:
         weights, grads = self.views("weights", pack.banks), self.views("grads", pack.grads)
         exp_avg, exp_avg_sq = self.views("exp_avg", pack.exp_avg), self.views("exp_avg_sq", pack.exp_avg_sq)
         factor = self.schedule(self.step_count)
+        at = self.counter().view(1) if self.lr_tables is not None else None
+        rate = (lambda lr: lr * factor) if at is None else (lambda lr: self.lr_tables[lr].index_select(0, at).view(()))  # noqa: E731
         with torch.no_grad():
             self.steps += 1
             for lr, rows in (self.word_rows or {}).items():
@@ -763,14 +784,14 @@ class PackOptimizer:
                 for table, part in zip(tables, compact):
                     torch.index_select(table, 0, rows, out=part)
                 param, grad, m, v = compact
-                self.adamw([param], [grad], [m], [v], lr * factor, 0.0)
+                self.adamw([param], [grad], [m], [v], rate(lr), 0.0)
                 for table, updated in zip(tables[:1] + tables[2:], (param, m, v)):
                     write_rows(table, rows, updated)
             for (lr, decay), params in weights.items():
-                self.adamw(params, grads[lr, decay], exp_avg[lr, decay], exp_avg_sq[lr, decay], lr * factor, decay)
+                self.adamw(params, grads[lr, decay], exp_avg[lr, decay], exp_avg_sq[lr, decay], rate(lr), decay)
         self.step_count += 1
 
-    def adamw(self, params, grads, exp_avg, exp_avg_sq, lr: float, decay: float) -> None:
+    def adamw(self, params, grads, exp_avg, exp_avg_sq, lr: "float | torch.Tensor", decay: float) -> None:
         torch._fused_adamw_(params, grads, exp_avg, exp_avg_sq, [], [self.steps] * len(params), lr=lr,
                             beta1=self.betas[0], beta2=self.betas[1], weight_decay=decay, eps=self.eps,
                             amsgrad=False, maximize=False)
@@ -931,6 +952,7 @@ class Pack:
         self.clipped = torch.tensor(parts.clipped, device=device) if parts.clipped is not None else \
             torch.zeros(len(cfgs), dtype=torch.long, device=device)
         self.bucketed = device.type == "cuda"
+        self.graphs = StepGraphs(self) if device.type == "cuda" and os.environ.get(CUDA_GRAPHS) == "1" else None
         self.epoch_flops = np.array([self.compute.flops(data.train.lengths[s.rows], train=True) for s in self.setups])
         self._eval: dict[int, tuple] = {}
 
@@ -951,8 +973,11 @@ class Pack:
         self.words.bind(self.grads[0].view_as(self.words.table))
 
     def free_gradients(self) -> None:
-        """Give the gradient banks back (before an evaluation); the next step makes them anew."""
+        """Give the gradient banks back (before an evaluation), and the recorded steps that write them; the
+        next step makes them anew."""
         self.grads, self.grad_views, self.grad_rows = None, {}, []
+        if self.graphs is not None:
+            self.graphs.reset()
         self.words.bind(None)
         for name in self.layout.shapes:
             if kind(name) in ACCUMULATED:
@@ -962,6 +987,10 @@ class Pack:
         """Gradients and Adam's moments given back: after the last step, the evaluation has the memory."""
         self.free_gradients()
         self.exp_avg = self.exp_avg_sq = None
+
+    def total_steps(self) -> int:
+        """Optimizer steps of the whole run (as make_optimizer counts them for the schedule)."""
+        return math.ceil(len(self.setups[0].rows) / self.cfgs[0].batch_size) * self.cfgs[0].epochs
 
     def orders(self) -> list[list[np.ndarray]]:
         """Each trial's batches of the next epoch, in its own seeded order (draws from its batch-order stream)."""
@@ -976,15 +1005,24 @@ class Pack:
 
     def step(self, batch: PackBatch, labels: torch.Tensor, update: bool = True) -> torch.Tensor:
         """One optimizer step of every trial on its own batch; returns the per-trial losses [P]. With
-        `update` False everything but the update runs (a memory probe): the weights, moments and counts stay."""
+        `update` False everything but the update runs (a memory probe): the weights, moments and counts stay.
+        With `graphs` (StepGraphs) a step of a batch shape seen before is replayed from its recording."""
+        if update and self.graphs is not None:
+            return self.graphs.step(batch, labels)
+        return self.run_step(batch, labels, update)
+
+    def run_step(self, batch: PackBatch, labels: torch.Tensor, update: bool = True, cache: bool = True) -> torch.Tensor:
+        """The step itself, run op by op (`cache` False: autocast keeps no casts, as a CUDA graph's capture
+        requires). Everything that changes from step to step is read from the device (the batch, the step
+        count, the learning rates under `read_lr_from_device`), and nothing waits for it: a recording of it
+        replays as a step (tests/test_step_graphs.py)."""
         if oom_injected(len(self), self.optimizer.step_count):
             raise torch.OutOfMemoryError(f"{OOM_ABOVE}: a pack of {len(self)} does not fit (injected)")
         if self.grads is None:
             self.bind_gradients()
         self.grads[1][:, :self.layout.accumulated].zero_()
-        self.words.clear()
-        self.dropout.begin(self.optimizer.step_count)
-        with self.compute.autocast():
+        self.dropout.begin(self.optimizer.counter())
+        with self.compute.autocast(cache=cache):
             logits = self.encoder(batch, self.dropout).float()
         if self.data.num_labels == 1:
             losses = F.mse_loss(logits.squeeze(-1), labels.float(), reduction="none").mean(1)
@@ -999,6 +1037,7 @@ class Pack:
             self.optimizer.step()
             self.active &= finite
             self.clipped += clipped & self.active
+        self.words.clear()  # here, not at the next step's start: a recorded step then zeroes the rows it read
         return losses.detach()
 
     def train_epoch(self) -> tuple[torch.Tensor, float]:
@@ -1077,6 +1116,93 @@ class Pack:
                          step_count=self.optimizer.step_count,
                          rng_states=[rng.bit_generator.state for rng in self.rngs],
                          active=self.active.tolist(), clipped=self.clipped.tolist())
+
+
+GRAPH_INPUTS = (*INDEX_FIELDS, "keys", "blocked")  # the PackBatch tensors a recorded step reads
+
+
+@dataclasses.dataclass
+class Recorded:
+    """One batch shape's recorded pack-step: the graph, the tensors it reads its batch from and writes its
+    losses to, and what it reads that a cache outside it holds (kept alive here: the graph reads their memory)."""
+
+    graph: object
+    inputs: dict[str, torch.Tensor]
+    labels: torch.Tensor
+    losses: torch.Tensor
+    kept: list
+
+
+class StepGraphs:
+    """A pack's training steps as CUDA graphs: the first `warm_up` steps of each batch shape (bucketed widths
+    make few) run op by op; the next is recorded, and from then on every step of that shape is one replay,
+    its batch copied into the recording's inputs. On an H100 the host took 52-78 ms to issue a step's ~1,500
+    kernels, more than the kernels' own 8-33 ms at packs of 1-8 (docs/benchmarks.md). Recording needs a step
+    whose every changing input is on the device (Pack.run_step) and learning rates read from a table there.
+    The recordings read the gradient banks: made anew (after an evaluation), they are recorded again. A
+    recording that fails leaves the pack running op by op, with a warning. `graph` and `capture` are torch's
+    CUDAGraph and graph context unless a test gives stand-ins."""
+
+    def __init__(self, pack: "Pack", graph=None, capture=None, warm_up: int = 1):
+        self.pack, self.warm_up = pack, warm_up
+        self.new_graph = graph or torch.cuda.CUDAGraph
+        self.capture = capture or (lambda g, pool: torch.cuda.graph(g, pool=pool))
+        self.recorded: dict[tuple, Recorded] = {}
+        self.seen: dict[tuple, int] = {}
+        self.pool, self.bound, self.failure = None, None, None
+        self.replays = 0
+        pack.optimizer.read_lr_from_device(pack.total_steps())
+
+    def figures(self) -> dict:
+        return {"graphs_recorded_shapes": len(self.recorded), "graphs_replays": self.replays,
+                "graphs_failure": self.failure}
+
+    def reset(self) -> None:
+        """Drop the recordings (and the memory they hold)."""
+        self.recorded, self.pool, self.bound = {}, None, self.pack.grads
+
+    def step(self, batch: PackBatch, labels: torch.Tensor) -> torch.Tensor:
+        pack = self.pack
+        if pack.grads is not self.bound:
+            self.reset()
+        key = (tuple(batch.ids.shape), tuple(batch.keys.shape))
+        recorded = self.recorded.get(key)
+        if recorded is None:
+            self.seen[key] = self.seen.get(key, 0) + 1
+            if self.failure is not None or pack.exp_avg is None or pack.grads is None or self.seen[key] <= self.warm_up:
+                return pack.run_step(batch, labels)
+            recorded = self.record(key, batch, labels)
+            if recorded is None:
+                return pack.run_step(batch, labels)
+        for name, buffer in recorded.inputs.items():
+            buffer.copy_(getattr(batch, name))
+        recorded.labels.copy_(labels)
+        recorded.graph.replay()
+        self.replays += 1
+        pack.optimizer.step_count += 1
+        pack.encoder.cast_at = None  # the replay cast the weights before its update
+        return recorded.losses.clone()
+
+    def record(self, key: tuple, batch: PackBatch, labels: torch.Tensor) -> Recorded | None:
+        """Record one step (recording runs nothing: the caller's replay does); None if that failed."""
+        pack = self.pack
+        inputs = {name: getattr(batch, name).clone() for name in GRAPH_INPUTS}
+        static, y = dataclasses.replace(batch, **inputs), labels.clone()
+        step_count, graph = pack.optimizer.step_count, self.new_graph()
+        pack.encoder.cast_at = None  # the recording must hold the weights' cast
+        try:
+            with self.capture(graph, self.pool):
+                losses = pack.run_step(static, y, cache=False)
+        except Exception as error:  # noqa: BLE001 - any failure leaves the pack running op by op
+            self.failure = f"{type(error).__name__}: {error}"
+            warnings.warn(f"CUDA graphs off for this pack of {len(pack)}: recording a step failed "
+                          f"({self.failure}); its steps run op by op")
+            return None
+        finally:
+            pack.optimizer.step_count, pack.encoder.cast_at, pack.words.touched = step_count, None, []
+        self.pool = graph.pool()
+        self.recorded[key] = Recorded(graph, inputs, y, losses, kept=list(pack.dropout._ids.values()))
+        return self.recorded[key]
 
 
 @dataclasses.dataclass

@@ -1,0 +1,175 @@
+"""A pack-step recorded once and replayed, as a CUDA graph replays it, trains to the very numbers of steps run op
+by op. A CPU cannot record a CUDA graph, so `Recorder` stands in for one with the same contract: recording
+notes every aten op with its arguments and runs nothing that outlives the recording (every write to a tensor
+made before it is undone); a replay runs the noted ops again on the same tensors, with the same non-tensor
+arguments, without any of the Python that issued them. What a step reads from a Python number (a learning
+rate, a step count) is then frozen at its recorded value, as in a CUDA graph, and the numbers part."""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from tests.test_fused import MIXED
+from trainables import fused
+from trainables.fused import Pack, StepGraphs
+
+
+class Recorder(TorchDispatchMode):
+    """Notes the aten ops a block dispatches; every tensor that existed before it and that an op writes is
+    restored when it ends, so the block leaves no trace but the tensors it made (as a CUDA graph's capture)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: list[tuple] = []
+        self.made: set[int] = set()  # storages the block allocated
+        self.saved: dict[int, tuple] = {}  # storage -> (storage, its bytes before the block wrote it)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        if func._schema.is_mutable:
+            for t in inputs:
+                storage = t.untyped_storage()
+                if storage.data_ptr() not in self.made and storage.data_ptr() not in self.saved:
+                    self.saved[storage.data_ptr()] = (storage, storage.clone())
+        out = func(*args, **kwargs)
+        read = {t.untyped_storage().data_ptr() for t in inputs}
+        for t in tree_flatten(out)[0]:  # a view, or an op's out= argument, is not new memory
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in read:
+                self.made.add(t.untyped_storage().data_ptr())
+        self.ops.append((func, args, kwargs, out))
+        return out
+
+    def undo(self) -> None:
+        for storage, before in self.saved.values():
+            storage.copy_(before)
+
+
+class RecordedOps:
+    """A stand-in for torch.cuda.CUDAGraph: replays what a Recorder noted."""
+
+    def __init__(self):
+        self.ops: list[tuple] = []
+        self.replays = 0
+
+    def pool(self):
+        return None
+
+    def replay(self) -> None:
+        self.replays += 1
+        with torch.no_grad():
+            for func, args, kwargs, out in self.ops:
+                if func.is_view:  # its result shares the memory its input's replay writes
+                    continue
+                again = func(*args, **kwargs)
+                for old, new in zip(tree_flatten(out)[0], tree_flatten(again)[0]):
+                    if isinstance(old, torch.Tensor) and old.untyped_storage().data_ptr() != new.untyped_storage().data_ptr():
+                        old.copy_(new)
+
+
+@contextlib.contextmanager
+def record(graph: RecordedOps, pool):
+    recorder = Recorder()
+    try:
+        with recorder:
+            yield
+    finally:
+        recorder.undo()
+    graph.ops = recorder.ops
+
+
+def as_on_gpu(pack: Pack) -> Pack:
+    pack.words.sparse, pack.bucketed = False, True
+    return pack
+
+
+@pytest.fixture(autouse=True)
+def rows_written_as_on_gpu(monkeypatch):
+    """write_rows's GPU branch (index_copy_): on a CPU it writes through numpy, which no op records."""
+    monkeypatch.setattr(fused, "write_rows", lambda table, rows, values: table.index_copy_(0, rows, values))
+
+
+# dropout on; clipped, unclipped and never-clipped trials; two AdamW settings; 16 steps an epoch
+CFGS = [dataclasses.replace(MIXED[i], train_size=64, batch_size=4) for i in (0, 1, 5, 6)]
+
+
+def epochs(pack: Pack, n: int) -> list[torch.Tensor]:
+    losses = []
+    for _ in range(n):
+        batches, labels = pack.plan(pack.orders())
+        losses += [pack.step(b, y) for b, y in zip(batches, labels)]
+    return losses
+
+
+def state(pack: Pack) -> list[torch.Tensor]:
+    return [*pack.banks, *pack.exp_avg, *pack.exp_avg_sq, pack.clipped, pack.active]
+
+
+def test_replayed_steps_train_to_the_numbers_of_steps_run_op_by_op(pretrained, synthetic):
+    eager = as_on_gpu(Pack(CFGS, synthetic, pretrained))
+    graphed = as_on_gpu(Pack(CFGS, synthetic, pretrained))
+    graphs = graphed.graphs = StepGraphs(graphed, graph=RecordedOps, capture=record)
+    expected, got = epochs(eager, 2), epochs(graphed, 2)
+    replays = sum(r.graph.replays for r in graphs.recorded.values())
+    assert len(graphs.recorded) >= 2 and replays >= len(got) // 3, (len(graphs.recorded), replays, len(got))
+    assert graphs.failure is None
+    for step, (a, b) in enumerate(zip(expected, got)):
+        assert torch.equal(a, b), f"step {step}: losses {a.tolist()} op by op, {b.tolist()} replayed"
+    for a, b in zip(state(eager), state(graphed)):
+        assert torch.equal(a, b)
+    assert graphed.optimizer.step_count == eager.optimizer.step_count == len(got)
+    # the weights' bf16-or-not cast is made anew after replays: an evaluation reads the trained weights
+    graphed.free_gradients(), eager.free_gradients()
+    assert graphed.evaluate(synthetic.validation) == eager.evaluate(synthetic.validation)
+
+
+def test_a_step_that_reads_a_python_number_would_replay_it_frozen(pretrained, synthetic):
+    """The stand-in can tell: with the learning rate passed as a number, a replay keeps the recorded step's rate
+    while the schedule decays it, and the weights part from those of steps run op by op."""
+    eager = as_on_gpu(Pack(CFGS, synthetic, pretrained))
+    graphed = as_on_gpu(Pack(CFGS, synthetic, pretrained))
+    graphed.graphs = StepGraphs(graphed, graph=RecordedOps, capture=record)
+    graphed.optimizer.lr_tables = None  # as before the learning rates were read from the device
+    epochs(eager, 1), epochs(graphed, 1)
+    assert not torch.equal(eager.banks[1], graphed.banks[1])
+
+
+def test_gradients_made_anew_are_recorded_again_and_a_failed_recording_runs_op_by_op(pretrained, synthetic):
+    eager = as_on_gpu(Pack(CFGS, synthetic, pretrained))
+    graphed = as_on_gpu(Pack(CFGS, synthetic, pretrained))
+    graphs = graphed.graphs = StepGraphs(graphed, graph=RecordedOps, capture=record)
+    epochs(eager, 1), epochs(graphed, 1)
+    first = dict(graphs.recorded)
+    for pack in (eager, graphed):  # an evaluation between epochs gives the gradients back
+        pack.free_gradients()
+    epochs(eager, 1), epochs(graphed, 1)
+    assert graphs.recorded and not set(map(id, graphs.recorded.values())) & set(map(id, first.values()))
+    assert all(torch.equal(a, b) for a, b in zip(state(eager), state(graphed)))
+
+    @contextlib.contextmanager
+    def failing(graph, pool):
+        with record(graph, pool):
+            yield
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+    failed = as_on_gpu(Pack(CFGS, synthetic, pretrained))
+    failed.graphs = StepGraphs(failed, graph=RecordedOps, capture=failing)
+    once = as_on_gpu(Pack(CFGS, synthetic, pretrained))
+    with pytest.warns(UserWarning, match="CUDA graphs off for this pack of 4: recording a step failed"):
+        got = epochs(failed, 1)
+    assert failed.graphs.failure and not failed.graphs.recorded
+    assert all(torch.equal(a, b) for a, b in zip(epochs(once, 1), got))
+    assert all(torch.equal(a, b) for a, b in zip(state(once), state(failed)))
+
+
+def test_learning_rates_read_from_the_device_give_the_numbers_of_python_floats_on_a_cpu(pretrained, synthetic):
+    cfgs = [dataclasses.replace(c, lr_schedule="linear") for c in CFGS]
+    plain, tabled = Pack(cfgs, synthetic, pretrained), Pack(cfgs, synthetic, pretrained)
+    tabled.optimizer.read_lr_from_device(200)
+    assert all(torch.equal(a, b) for a, b in zip(epochs(plain, 2), epochs(tabled, 2)))
+    assert torch.equal(plain.banks[1], tabled.banks[1]) and torch.equal(plain.banks[0], tabled.banks[0])
