@@ -39,6 +39,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import torch
@@ -77,6 +78,10 @@ def parse_args():
     p.add_argument("--step-profile", action="store_true",
                    help="per pack size, one step's wall time, the host's time to issue it and the GPU's "
                         "kernel time in it (torch.profiler): whether the GPU waits on Python")
+    p.add_argument("--cuda-graphs", action="store_true",
+                   help="GPU: also run the largest pack with its steps replayed as CUDA graphs (trainables.fused."
+                        "StepGraphs, experimental), and with --step-profile profile each pack size so too, its "
+                        "losses and weights after an epoch held against steps run op by op at packs of 8 or fewer")
     p.add_argument("--peer-trial", type=json.loads, help=argparse.SUPPRESS)  # internal: one peer process
     p.add_argument("--out", help="also write the figures as JSON here")
     return p.parse_args()
@@ -245,7 +250,6 @@ class Phases:
 
     def __enter__(self) -> "Phases":
         import importlib
-        from unittest import mock
 
         for phase, (where, name) in self.WRAPPED.items():
             module, _, cls = where.partition(":")
@@ -457,18 +461,23 @@ def pack_step_seconds(cfgs, data, pretrained, steps: int = 5) -> float:
     return float(np.median(timed_steps(pack, list(zip(batches, labels))[: steps + 1], warm_up=1)[1]))
 
 
-def step_profile(cfgs, data, pretrained, steps: int = 5, table: str | None = None) -> dict:
+def step_profile(cfgs, data, pretrained, steps: int = 5, table: str | None = None, graphs: bool = False) -> dict:
     """One pack's training steps on a GPU, after three warm-up steps: wall seconds per step (synchronized) and
     the host's seconds to issue one (the call returns before the GPU is done, unless the launch queue fills),
     both without a profiler, whose per-op bookkeeping would slow the host; then the seconds of GPU kernels a
     step (torch.profiler's device self time) over `steps` more. Kernel time well below the wall means the GPU
-    waits on the host. `table`: a file for the profiler's table of the kernels that take longest."""
+    waits on the host. `table`: a file for the profiler's table of the kernels that take longest. `graphs`:
+    the steps replayed as CUDA graphs, after a whole epoch in which each batch shape is seen and recorded."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    from trainables.fused import Pack, release_memory
+    from trainables.fused import Pack, StepGraphs, release_memory
 
     pack = Pack(cfgs, data, pretrained)
+    if graphs:
+        pack.graphs = StepGraphs(pack)
+        for batch, y in zip(*pack.plan(pack.orders())):
+            pack.step(batch, y)
     batches, labels = pack.plan(pack.orders())
     work = list(zip(batches, labels))
     issue, walls = timed_steps(pack, work[:3 + steps], warm_up=3)
@@ -488,9 +497,29 @@ def step_profile(cfgs, data, pretrained, steps: int = 5, table: str | None = Non
                                              if e.device_type == DeviceType.CUDA and not e.is_user_annotation)
                                          / 1e6 / steps,
               "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if gpu else float("nan")}
+    if graphs:
+        result.update(pack.graphs.figures())
+        if len(cfgs) <= 8:  # two packs at once: only small ones
+            result.update(graph_numbers(cfgs, data, pretrained))
     del pack, batches, labels, work
     release_memory()
     return result
+
+
+def graph_numbers(cfgs, data, pretrained) -> dict:
+    """How far an epoch of steps replayed as CUDA graphs leaves the losses and weights from the same epoch run op
+    by op (both reading their learning rates from the device, as the graphs must)."""
+    from trainables.fused import Pack, StepGraphs
+
+    eager, graphed = Pack(cfgs, data, pretrained), Pack(cfgs, data, pretrained)
+    graphed.graphs = StepGraphs(graphed)
+    eager.optimizer.read_lr_from_device(eager.total_steps())
+    losses = []
+    for pack in (eager, graphed):
+        losses.append(torch.stack([pack.step(b, y) for b, y in zip(*pack.plan(pack.orders()))]).float())
+    return {"graphs_max_loss_difference": float((losses[0] - losses[1]).abs().max()),
+            "graphs_max_weight_difference": float((eager.banks[1] - graphed.banks[1]).abs().max()),
+            "graphs_replayed_in_check": graphed.graphs.replays}
 
 
 def attempt(call, errors) -> tuple[object, str | None]:
@@ -502,24 +531,25 @@ def attempt(call, errors) -> tuple[object, str | None]:
         return None, f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
 
 
-def profile_row(figures, cfgs, data, pretrained, out: str | None) -> None:
+def profile_row(figures, cfgs, data, pretrained, out: str | None, graphs: bool = False) -> None:
     """The step profile of a pack of these trials as a row (and its kernel table beside --out); a diagnostic,
     so an error in it is the row's, and the rows after it still run."""
     from trainables.fused import release_memory
 
-    name = f"step_profile_pack{len(cfgs)}"
+    name = f"step_profile_pack{len(cfgs)}" + ("_graphs" if graphs else "")
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     row, failure = attempt(lambda: step_profile(cfgs, data, pretrained, table=str(Path(out).with_name(
-        f"kernels_pack{len(cfgs)}.txt")) if out else None), Exception)
+        f"kernels_{name.removeprefix('step_profile_')}.txt")) if out else None, graphs=graphs), Exception)
     if failure is not None:
         figures.skip(name, failure)
         release_memory()
         return
     figures.rows[name] = row
-    print(f"pack {len(cfgs)}, one step: {row['seconds_per_step'] * 1e3:.1f} ms wall, the host issues it in "
-          f"{row['host_issue_seconds_per_step'] * 1e3:.1f} ms, GPU kernels {row['kernel_seconds_per_step'] * 1e3:.1f} "
-          f"ms; peak {row['peak_memory_gib']:.1f} GiB", flush=True)
+    print(f"pack {len(cfgs)}{', CUDA graphs' if graphs else ''}, one step: {row['seconds_per_step'] * 1e3:.1f} ms "
+          f"wall, the host issues it in {row['host_issue_seconds_per_step'] * 1e3:.1f} ms, GPU kernels "
+          f"{row['kernel_seconds_per_step'] * 1e3:.1f} ms; peak {row['peak_memory_gib']:.1f} GiB"
+          + "".join(f"; {k} {v}" for k, v in row.items() if k.startswith("graphs_")), flush=True)
     figures.write()
 
 
@@ -537,7 +567,7 @@ def bert_base_folder(pretrained, tokenizer_path: str, folder: str) -> str:
 def compare(args, pretrained, data, peer_model_path: str, device: str, header: dict) -> dict:
     """Every row on the same trials: fused packs, our unfused loop, the peer at each concurrency."""
     from trainables.cost import peak_flops
-    from trainables.fused import release_memory
+    from trainables.fused import CUDA_GRAPHS, release_memory
 
     gpu, layers = device.startswith("cuda"), pretrained.num_layers
     if args.sweep and not gpu and args.trials > layers + 1:  # said now, not after the rows before it have run
@@ -570,6 +600,22 @@ def compare(args, pretrained, data, peer_model_path: str, device: str, header: d
     if args.step_profile:
         for size in [size for size in packs if not gpu or size <= fits]:
             profile_row(figures, cfgs[:size], data, pretrained, args.out)
+            if gpu and args.cuda_graphs:
+                profile_row(figures, cfgs[:size], data, pretrained, args.out, graphs=True)
+    if gpu and args.cuda_graphs:
+        size = max(size for size in packs if size <= fits)
+        name = f"ours, fused pack of {size}, steps replayed as CUDA graphs"
+        torch.cuda.reset_peak_memory_stats()
+        with mock.patch.dict(os.environ, {CUDA_GRAPHS: "1"}):
+            timed, failure = attempt(lambda: time_pack(cfgs[:size], data, pretrained, device_size=size),
+                                     torch.OutOfMemoryError)
+        if failure is not None:
+            figures.skip(name, failure)
+            release_memory()
+        else:
+            wall, accuracy, phases = timed
+            figures.add(name, size, wall, accuracy, phases=phases,
+                        peak_memory_gib=torch.cuda.max_memory_allocated() / 2**30)
     if grouped:
         wall, accuracy, phases = time_pack(cfgs[:grouped], data, pretrained)
         figures.add(f"ours, --pack auto: {args.groups} groups of {fits}, set up in the background", grouped,
