@@ -173,3 +173,37 @@ def test_learning_rates_read_from_the_device_give_the_numbers_of_python_floats_o
     tabled.optimizer.read_lr_from_device(200)
     assert all(torch.equal(a, b) for a, b in zip(epochs(plain, 2), epochs(tabled, 2)))
     assert torch.equal(plain.banks[1], tabled.banks[1]) and torch.equal(plain.banks[0], tabled.banks[0])
+
+
+# Ops that, on a GPU, make the host wait for the device (a value read back, an output sized by the data) or copy
+# Python data to it: each would stall every step, and none may run during a CUDA graph's capture.
+SYNCING = ("_local_scalar_dense", "nonzero", "masked_select", "is_nonzero", "equal", "_unique2", "unique_dim",
+           "unique_consecutive", "repeat_interleave", "lift_fresh", "bincount", "histc", "multinomial")
+
+
+class Syncs(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.found: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        masked = name.startswith("index") and any(
+            isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in tree_flatten(args)[0][1:])
+        if name in SYNCING or masked:
+            self.found.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_step_as_on_a_gpu_never_waits_for_the_device(pretrained, synthetic):
+    pack = as_on_gpu(Pack([dataclasses.replace(c, precision="bf16") for c in CFGS], synthetic, pretrained))
+    pack.optimizer.read_lr_from_device(pack.total_steps())
+    batches, labels = pack.plan(pack.orders())
+    pack.step(batches[0], labels[0])
+    with Syncs() as syncs:
+        pack.step(batches[1], labels[1])
+    assert syncs.found == []
+    # the probe can tell: a step that reads a value back is caught
+    with Syncs() as syncs:
+        bool(pack.active.any())
+    assert syncs.found == ["aten._local_scalar_dense.default"]
