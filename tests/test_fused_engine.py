@@ -12,7 +12,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from tests.test_fused import LAYERS, MIXED, trial, without_dropout
 from trainables.ablations import HeadReinit, Permute, Reinit, apply_ablation
 from trainables.finetune import make_optimizer
-from trainables.fused import OOM_ABOVE, Pack, PackParts, finetune_pack, hf_parameters, set_up_pack
+from trainables.fused import (OOM_ABOVE, Pack, PackParts, batch_arrays, bucket, finetune_pack, hf_parameters,
+                              set_up_pack)
 from trainables.memory import MemoryAccountant
 from trainables.models import build_classifier
 from trainables.state import load_state, save_state
@@ -333,3 +334,34 @@ def test_a_gpu_step_casts_the_weights_once_and_sorts_no_activation_gradients(pre
     assert ops.count(aten.index_put) + ops.count(aten.index_put_) + ops.count(aten._index_put_impl_) == 2
     assert ops.count(aten.index_add) >= 2 * LAYERS - 1  # index_select's backward
     assert ops.count(aten._foreach_mul_) == len(cfgs)
+
+
+@pytest.mark.parametrize("bucketed", [False, True])
+def test_a_batch_lays_every_sequence_out_as_pack_batch_says(synthetic, bucketed):
+    split, rng = synthetic.train, np.random.default_rng(3)
+    for _ in range(20):
+        P, B = int(rng.integers(1, 6)), int(rng.integers(1, 5))
+        rows = [rng.choice(len(split), B, replace=False) for _ in range(P)]
+        a = batch_arrays(split, rows, pad_id=7, bucketed=bucketed)
+        n, T = a["ids"].shape[1], a["keys"].shape[-1]
+        assert a["lengths"].tolist() == [[int(split.lengths[r]) for r in trial] for trial in rows]
+        real = np.zeros((P, n), dtype=bool)
+        for p, trial in enumerate(rows):
+            for b, r in enumerate(trial):
+                tokens = slice(split.offsets[r], split.offsets[r + 1])
+                L, start = len(split.input_ids[tokens]), a["first"][p * B + b] - p * n
+                here = slice(start, start + L)
+                assert a["ids"][p, here].tolist() == split.input_ids[tokens].tolist()
+                assert a["types"][p, here].tolist() == split.token_type_ids[tokens].tolist()
+                assert a["positions"][p, here].tolist() == list(range(L))
+                slots = (p * B + b) * T + np.arange(T)
+                assert a["gather"][slots[:L]].tolist() == list(range(p * n + start, p * n + start + L))
+                assert ((a["gather"][slots[L:]] >= p * n) & (a["gather"][slots[L:]] < (p + 1) * n)).all()
+                assert a["scatter"][p * n + start + np.arange(L)].tolist() == slots[:L].tolist()
+                assert a["keys"][p * B + b, 0, 0].tolist() == [j < L for j in range(T)]
+                real[p, here] = True
+            assert (a["ids"][p][~real[p]] == 7).all()  # padding
+            pads = a["scatter"][p * n + np.flatnonzero(~real[p])]
+            assert ((pads >= p * B * T) & (pads < (p + 1) * B * T)).all()  # padding reads a slot of its own trial
+        widest, most = int(a["lengths"].max()), int(a["lengths"].sum(1).max())
+        assert (T, n) == ((bucket(widest), bucket(most)) if bucketed else (widest, most))

@@ -329,33 +329,32 @@ INDEX_FIELDS = ("ids", "types", "positions", "gather", "scatter", "first")
 
 
 def batch_arrays(split: TokenizedSplit, rows: list[np.ndarray], pad_id: int, bucketed: bool) -> dict:
-    """The host arrays of one PackBatch (see PackBatch), widths bucketed or not."""
-    lengths = np.stack([split.lengths[r] for r in rows])
+    """The host arrays of one PackBatch (see PackBatch), widths bucketed or not. Every index is computed for all
+    P * B sequences at once: a loop over the trials took 91 ms an epoch at a pack of 34 (10 now), time in which a
+    GPU waits at each epoch's start."""
+    rows = np.stack(rows)
+    lengths = split.lengths[rows]  # [P, B]
     P, B = lengths.shape
     width, n = int(lengths.max()), int(lengths.sum(1).max())
     if bucketed:
         width, n = bucket(width), bucket(n)
-    ids = np.full((P, n), pad_id, dtype=np.int64)
-    types, positions = np.zeros((P, n), dtype=np.int64), np.zeros((P, n), dtype=np.int64)
-    gather = np.zeros((P, B, width), dtype=np.int64)
-    scatter, first = np.zeros((P, n), dtype=np.int64), np.zeros((P, B), dtype=np.int64)
-    for p, (trial_rows, lens) in enumerate(zip(rows, lengths)):
-        k = int(lens.sum())
-        starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
-        seq = np.repeat(np.arange(B), lens)
-        pos = np.arange(k) - np.repeat(starts, lens)
-        spans = [slice(split.offsets[r], split.offsets[r + 1]) for r in trial_rows]
-        ids[p, :k] = np.concatenate([split.input_ids[s] for s in spans])
-        types[p, :k] = np.concatenate([split.token_type_ids[s] for s in spans])
-        positions[p, :k] = pos
-        gather[p] = p * n  # padded slots read any row of their own trial: they are masked as keys
-        gather[p, seq, pos] = p * n + np.arange(k)
-        scatter[p, :k] = (p * B + seq) * width + pos
-        scatter[p, k:] = p * B * width  # padding tokens read a real slot of their own trial; never used
-        first[p] = p * n + starts
+    flat = lengths.reshape(-1)
+    starts = np.cumsum(lengths, axis=1) - lengths  # each sequence's first token within its trial's packed row
+    within = np.arange(int(flat.sum())) - np.repeat(np.cumsum(flat) - flat, flat)  # each token's position
+    token = np.repeat(np.repeat(np.arange(P), B) * n + starts.reshape(-1), flat) + within  # its row of [P * N]
+    slot = np.repeat(np.arange(P * B) * width, flat) + within  # its padded attention slot of [P * B * T]
+    source = np.repeat(split.offsets[rows.reshape(-1)], flat) + within
+    ids = np.full(P * n, pad_id, dtype=np.int64)
+    types, positions = np.zeros(P * n, dtype=np.int64), np.zeros(P * n, dtype=np.int64)
+    ids[token], types[token], positions[token] = split.input_ids[source], split.token_type_ids[source], within
+    gather = np.repeat(np.arange(P) * n, B * width)  # padded slots read any row of their own trial: masked as keys
+    gather[slot] = token
+    scatter = np.repeat(np.arange(P) * B * width, n)  # padding tokens read a real slot of their own trial; unused
+    scatter[token] = slot
     keys = (np.arange(width) < lengths[..., None]).reshape(P * B, 1, 1, width)
-    return {"ids": ids, "types": types, "positions": positions, "gather": gather.reshape(-1),
-            "scatter": scatter.reshape(-1), "first": first.reshape(-1), "keys": keys, "lengths": lengths}
+    return {"ids": ids.reshape(P, n), "types": types.reshape(P, n), "positions": positions.reshape(P, n),
+            "gather": gather, "scatter": scatter, "first": (np.arange(P)[:, None] * n + starts).reshape(-1),
+            "keys": keys, "lengths": lengths}
 
 
 def to_device(arrays: list[dict], labels: list[np.ndarray], device) -> tuple[list[PackBatch], list[torch.Tensor]]:
