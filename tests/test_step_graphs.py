@@ -117,7 +117,6 @@ def test_replayed_steps_train_to_the_numbers_of_steps_run_op_by_op(pretrained, s
     expected, got = epochs(eager, 2), epochs(graphed, 2)
     replays = sum(r.graph.replays for r in graphs.recorded.values())
     assert len(graphs.recorded) >= 2 and replays >= len(got) // 3, (len(graphs.recorded), replays, len(got))
-    assert graphs.failure is None
     for step, (a, b) in enumerate(zip(expected, got)):
         assert torch.equal(a, b), f"step {step}: losses {a.tolist()} op by op, {b.tolist()} replayed"
     for a, b in zip(state(eager), state(graphed)):
@@ -139,7 +138,7 @@ def test_a_step_that_reads_a_python_number_would_replay_it_frozen(pretrained, sy
     assert not torch.equal(eager.banks[1], graphed.banks[1])
 
 
-def test_gradients_made_anew_are_recorded_again_and_a_failed_recording_runs_op_by_op(pretrained, synthetic):
+def test_gradients_made_anew_are_recorded_again(pretrained, synthetic):
     eager = as_on_gpu(Pack(CFGS, synthetic, pretrained))
     graphed = as_on_gpu(Pack(CFGS, synthetic, pretrained))
     graphs = graphed.graphs = StepGraphs(graphed, graph=RecordedOps, capture=record)
@@ -151,20 +150,27 @@ def test_gradients_made_anew_are_recorded_again_and_a_failed_recording_runs_op_b
     assert graphs.recorded and not set(map(id, graphs.recorded.values())) & set(map(id, first.values()))
     assert all(torch.equal(a, b) for a, b in zip(state(eager), state(graphed)))
 
+
+def test_a_recording_that_fails_or_keeps_what_it_made_is_refused(pretrained, synthetic):
     @contextlib.contextmanager
     def failing(graph, pool):
         with record(graph, pool):
             yield
             raise RuntimeError("operation not permitted when stream is capturing")
 
-    failed = as_on_gpu(Pack(CFGS, synthetic, pretrained))
-    failed.graphs = StepGraphs(failed, graph=RecordedOps, capture=failing)
-    once = as_on_gpu(Pack(CFGS, synthetic, pretrained))
-    with pytest.warns(UserWarning, match="CUDA graphs off for this pack of 4: recording a step failed"):
-        got = epochs(failed, 1)
-    assert failed.graphs.failure and not failed.graphs.recorded
-    assert all(torch.equal(a, b) for a, b in zip(epochs(once, 1), got))
-    assert all(torch.equal(a, b) for a, b in zip(state(once), state(failed)))
+    pack = as_on_gpu(Pack(CFGS, synthetic, pretrained))
+    pack.graphs = StepGraphs(pack, graph=RecordedOps, capture=failing)
+    with pytest.raises(RuntimeError, match="as a CUDA graph failed: RuntimeError: operation not permitted when "
+                                           "stream is capturing. Run without REINIT_SWEEP_CUDA_GRAPHS=1"):
+        epochs(pack, 1)
+    # recorded at its first sight, a shape's dropout coordinates would be made by the recording and kept
+    pack = as_on_gpu(Pack(CFGS, synthetic, pretrained))
+    pack.graphs = StepGraphs(pack, graph=RecordedOps, capture=record, warm_up=0)
+    batches, labels = pack.plan(pack.orders())
+    pack.step(batches[0], labels[0])  # the first step runs op by op: it makes the moments
+    with pytest.raises(RuntimeError, match="made dropout coordinates for"):
+        for b, y in zip(batches[1:], labels[1:]):
+            pack.step(b, y)
 
 
 def test_learning_rates_read_from_the_device_give_the_numbers_of_python_floats_on_a_cpu(pretrained, synthetic):

@@ -35,6 +35,7 @@ trial has in this step), so short sentences cost no padding there; attention gat
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import copy
 import dataclasses
 import gc
@@ -434,7 +435,8 @@ class Dropout:
         self.hidden_sites = 2 * num_layers + 1  # then num_layers attention sites, then the classifier's
         self.sites = torch.arange(self.hidden_sites + num_layers + 1, device=device)
         self.site_keys = self.keys[:, None]
-        self._ids: dict[str, tuple[tuple, torch.Tensor]] = {}
+        self._ids: dict[object, tuple[tuple, torch.Tensor]] = {}
+        self.every_shape = False  # keep each shape's coordinates, not the last one's (StepGraphs)
         self.begin(0)
 
     def begin(self, step: "int | torch.Tensor") -> None:
@@ -445,9 +447,10 @@ class Dropout:
 
     def _coordinates(self, kind: str, shape: tuple, make) -> torch.Tensor:
         """The group ids (times GAMMA) of a site kind's elements at `shape`, kept while the shape repeats."""
-        cached = self._ids.get(kind)
+        key = (kind, shape) if self.every_shape else kind
+        cached = self._ids.get(key)
         if cached is None or cached[0] != shape:
-            cached = self._ids[kind] = (shape, make() * GAMMA)
+            cached = self._ids[key] = (shape, make() * GAMMA)
         return cached[1]
 
     @staticmethod
@@ -642,8 +645,9 @@ class PackEncoder:
         layer: one contiguous kernel and no new views a step, instead of a strided cast of each weight and
         bias, which ran at about half the memory's speed on an H100. Its 2 bytes a parameter stand in for the
         per-layer casts that the backward kept until its end anyway. Keyed on the optimizer's step count: bank
-        1 changes only in PackOptimizer.step (a resume, a split or a selection builds a new Pack), and torch's
-        fused AdamW leaves tensors' version counters as they were."""
+        1 changes only in PackOptimizer.step, run or replayed (a replay sets `cast_at` to None, as its recording
+        cast before its update; a resume, a split or a selection builds a new Pack), and torch's fused AdamW
+        leaves tensors' version counters as they were."""
         step = self.pack.optimizer.step_count
         if self.low is None or self.cast_at == step:
             return
@@ -747,7 +751,8 @@ class PackOptimizer:
         float) and float32 on GPUs (its CUDA kernel reads a float)."""
         dtype = torch.float64 if self.steps.device.type == "cpu" else torch.float32
         rates = {lr for lr, _ in self.groups} | set(self.word_rows or {})
-        self.lr_tables = {lr: torch.tensor([lr * self.schedule(s) for s in range(total_steps)], dtype=dtype,
+        # one step beyond the run: an index past a CUDA table's end would be a device-side assert
+        self.lr_tables = {lr: torch.tensor([lr * self.schedule(s) for s in range(total_steps + 1)], dtype=dtype,
                                            device=self.steps.device) for lr in rates}
 
     def views(self, what: str, banks: list[torch.Tensor]) -> dict[tuple, list[torch.Tensor]]:
@@ -1122,39 +1127,56 @@ GRAPH_INPUTS = (*INDEX_FIELDS, "keys", "blocked")  # the PackBatch tensors a rec
 
 @dataclasses.dataclass
 class Recorded:
-    """One batch shape's recorded pack-step: the graph, the tensors it reads its batch from and writes its
-    losses to, and what it reads that a cache outside it holds (kept alive here: the graph reads their memory)."""
+    """One batch shape's recorded pack-step: the graph, and the tensors it reads its batch from and writes its
+    losses to."""
 
     graph: object
     inputs: dict[str, torch.Tensor]
     labels: torch.Tensor
     losses: torch.Tensor
-    kept: list
+
+
+@contextlib.contextmanager
+def cuda_capture(graph, pool):
+    """torch.cuda.graph, capturing errors of this thread alone (the next group is set up on another), and the
+    stream as it was even when the capture fails (torch's leaves its side stream current then)."""
+    stream = torch.cuda.current_stream()
+    try:
+        with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+            yield
+    finally:
+        torch.cuda.set_stream(stream)
 
 
 class StepGraphs:
     """A pack's training steps as CUDA graphs: the first `warm_up` steps of each batch shape (bucketed widths
     make few) run op by op; the next is recorded, and from then on every step of that shape is one replay,
     its batch copied into the recording's inputs. On an H100 the host took 52-78 ms to issue a step's ~1,500
-    kernels, more than the kernels' own 8-33 ms at packs of 1-8 (docs/benchmarks.md). Recording needs a step
-    whose every changing input is on the device (Pack.run_step) and learning rates read from a table there.
-    The recordings read the gradient banks: made anew (after an evaluation), they are recorded again. A
-    recording that fails leaves the pack running op by op, with a warning. `graph` and `capture` are torch's
-    CUDAGraph and graph context unless a test gives stand-ins."""
+    kernels, more than the kernels' own 8-33 ms at packs of 1-8 (docs/benchmarks.md).
+
+    What it relies on (tests/test_step_graphs.py holds it on a CPU): every value that changes from step to
+    step is read from the device (Pack.run_step), the learning rates from a table there (in float32 on GPUs,
+    as torch's CUDA kernel reads a tensor learning rate: the numbers differ from steps run without graphs by
+    that rounding); and a recording allocates nothing that outlives it. The recordings share one memory pool
+    and replay in whatever order the batches come, so a tensor a recording made and kept (a cache entry)
+    could lie where another recording keeps its intermediates: the dropout coordinates are made by each
+    shape's warm-up steps and kept for every shape, and a recording that makes any is refused.
+    Gradients made anew (after an evaluation) drop the recordings. A recording that fails raises: a failed
+    capture can leave CUDA's allocator and streams in a state this process should not go on in. The memory
+    probe (Pack.peak_memory) does not count the pool, about one step's activations. `graph` and `capture` are
+    torch's CUDAGraph and cuda_capture unless a test gives stand-ins."""
 
     def __init__(self, pack: "Pack", graph=None, capture=None, warm_up: int = 1):
         self.pack, self.warm_up = pack, warm_up
-        self.new_graph = graph or torch.cuda.CUDAGraph
-        self.capture = capture or (lambda g, pool: torch.cuda.graph(g, pool=pool))
+        self.new_graph, self.capture = graph or torch.cuda.CUDAGraph, capture or cuda_capture
         self.recorded: dict[tuple, Recorded] = {}
         self.seen: dict[tuple, int] = {}
-        self.pool, self.bound, self.failure = None, None, None
-        self.replays = 0
+        self.pool, self.bound, self.replays = None, None, 0
+        pack.dropout.every_shape = True
         pack.optimizer.read_lr_from_device(pack.total_steps())
 
     def figures(self) -> dict:
-        return {"graphs_recorded_shapes": len(self.recorded), "graphs_replays": self.replays,
-                "graphs_failure": self.failure}
+        return {"graphs_recorded_shapes": len(self.recorded), "graphs_replays": self.replays}
 
     def reset(self) -> None:
         """Drop the recordings (and the memory they hold)."""
@@ -1168,11 +1190,9 @@ class StepGraphs:
         recorded = self.recorded.get(key)
         if recorded is None:
             self.seen[key] = self.seen.get(key, 0) + 1
-            if self.failure is not None or pack.exp_avg is None or pack.grads is None or self.seen[key] <= self.warm_up:
+            if pack.exp_avg is None or pack.grads is None or self.seen[key] <= self.warm_up:
                 return pack.run_step(batch, labels)
             recorded = self.record(key, batch, labels)
-            if recorded is None:
-                return pack.run_step(batch, labels)
         for name, buffer in recorded.inputs.items():
             buffer.copy_(getattr(batch, name))
         recorded.labels.copy_(labels)
@@ -1180,27 +1200,33 @@ class StepGraphs:
         self.replays += 1
         pack.optimizer.step_count += 1
         pack.encoder.cast_at = None  # the replay cast the weights before its update
-        return recorded.losses.clone()
+        return recorded.losses.clone()  # before another recording's replay reuses the memory
 
-    def record(self, key: tuple, batch: PackBatch, labels: torch.Tensor) -> Recorded | None:
-        """Record one step (recording runs nothing: the caller's replay does); None if that failed."""
+    def record(self, key: tuple, batch: PackBatch, labels: torch.Tensor) -> Recorded:
+        """Record one step of this batch's shape (recording runs nothing: the caller's replay does)."""
         pack = self.pack
         inputs = {name: getattr(batch, name).clone() for name in GRAPH_INPUTS}
         static, y = dataclasses.replace(batch, **inputs), labels.clone()
-        step_count, graph = pack.optimizer.step_count, self.new_graph()
+        step_count, graph, cached = pack.optimizer.step_count, self.new_graph(), set(pack.dropout._ids)
         pack.encoder.cast_at = None  # the recording must hold the weights' cast
         try:
             with self.capture(graph, self.pool):
                 losses = pack.run_step(static, y, cache=False)
-        except Exception as error:  # noqa: BLE001 - any failure leaves the pack running op by op
-            self.failure = f"{type(error).__name__}: {error}"
-            warnings.warn(f"CUDA graphs off for this pack of {len(pack)}: recording a step failed "
-                          f"({self.failure}); its steps run op by op")
-            return None
+        except Exception as error:
+            cause = f"{type(error).__name__}: {error}".strip()
+            if error.__context__ is not None:
+                cause += f" (while handling {type(error.__context__).__name__}: {error.__context__})"
+            raise RuntimeError(f"recording a pack-step of {len(pack)} trials as a CUDA graph failed: {cause}. "
+                               f"Run without {CUDA_GRAPHS}=1 (steps op by op).") from error
         finally:
             pack.optimizer.step_count, pack.encoder.cast_at, pack.words.touched = step_count, None, []
+        made = set(pack.dropout._ids) - cached
+        if made:
+            raise RuntimeError(f"a pack-step recorded as a CUDA graph made dropout coordinates for {sorted(made)}, "
+                               "which its warm-up steps should have made: kept, they could share memory with "
+                               "another recording's intermediates")
         self.pool = graph.pool()
-        self.recorded[key] = Recorded(graph, inputs, y, losses, kept=list(pack.dropout._ids.values()))
+        self.recorded[key] = Recorded(graph, inputs, y, losses)
         return self.recorded[key]
 
 
