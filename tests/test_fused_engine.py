@@ -32,7 +32,7 @@ def finetune_model(cfg, data, pretrained):
 @pytest.mark.parametrize("staged", [False, True], ids=["in-place", "staged"])
 def test_trials_are_drawn_into_the_banks_exactly_as_finetune_draws_them(pretrained, synthetic, staged):
     cfgs = [MIXED[i] for i in (0, 1, 2, 3, 4)] + [trial(9, Permute.from_seed(2, LAYERS)), trial(10, Reinit())]
-    layout, setups, banks = set_up_pack(cfgs, synthetic, pretrained, "cpu", workers=2, staged=staged)
+    layout, setups, banks, start = set_up_pack(cfgs, synthetic, pretrained, "cpu", workers=2, staged=staged)
     for p, cfg in enumerate(cfgs):
         model = finetune_model(cfg, synthetic, pretrained)
         for name, params in hf_parameters(model).items():
@@ -46,6 +46,15 @@ def test_trials_are_drawn_into_the_banks_exactly_as_finetune_draws_them(pretrain
     assert not torch.equal(heads[0], heads[1])
     alone = set_up_pack([cfgs[3]], synthetic, pretrained, "cpu")
     assert torch.equal(alone[2][1], banks[1][3:4])
+    # the start weights: every trial's as set up, a copy of its own only where surgery changed the checkpoint's
+    for name, checkpoint in start.pretrained.items():
+        assert torch.equal(start.stacked(name, len(cfgs), "cpu"), layout.view(banks, name))
+        changed = {p for p in range(len(cfgs)) if not torch.equal(layout.view(banks, name)[p], checkpoint)}
+        assert set(start.own[name]) == changed, name
+    assert not any(6 in own for own in start.own.values())  # Reinit() changes no layer
+    assert sum(0 in own for own in start.own.values()) == 2 * 4  # two layers reinitialized, 4 weights each
+    picked = start.select([6, 0])
+    assert all(torch.equal(picked.stacked(n, 2, "cpu"), layout.view(banks, n)[[6, 0]]) for n in start.pretrained)
 
 
 def test_build_classifier_draws_only_the_head_and_leaves_the_global_stream_alone(pretrained):

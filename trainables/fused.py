@@ -271,14 +271,57 @@ def pretrained_rows(layout: Layout, template: torch.nn.Module, pretrained: Pretr
     return rows
 
 
+@dataclasses.dataclass
+class StartWeights:
+    """Each trial's nn.Linear weights where finetuning began, for weight_distance; in host memory when the
+    banks are on a GPU. A weight that surgery left as the checkpoint has it is kept once for the pack, not once
+    a trial: in the paper's grid (k of 12 layers reinitialized) a trial keeps k layers' weights, not 12, and on
+    a GPU the copies in and out of host memory shrink with them."""
+
+    pretrained: dict[str, torch.Tensor]  # name -> [out, in], the checkpoint's
+    own: dict[str, dict[int, torch.Tensor]]  # name -> {trial: its [out, in]}, where it differs from the checkpoint's
+
+    @classmethod
+    def of(cls, layout: Layout, source: list[torch.Tensor]) -> "StartWeights":
+        """Empty, but for the checkpoint's weights (copied: a view would hold the whole pretrained rows)."""
+        names = [n for n in layout.shapes if kind(n) in LINEAR_WEIGHTS]
+        return cls({n: layout.view(source, n).clone() for n in names}, {n: {} for n in names})
+
+    def keep(self, p: int, layout: Layout, rows: list[torch.Tensor]) -> None:
+        """Trial p's weights, from its rows of the banks (host memory) as set up."""
+        for name, checkpoint in self.pretrained.items():
+            weight = layout.view(rows, name)
+            if not torch.equal(weight, checkpoint):
+                self.own[name][p] = weight.clone()
+
+    def select(self, members: list[int]) -> "StartWeights":
+        """Those of some members only (in this order)."""
+        return StartWeights(self.pretrained, {n: {i: own[m] for i, m in enumerate(members) if m in own}
+                                              for n, own in self.own.items()})
+
+    def stacked(self, name: str, size: int, device) -> torch.Tensor:
+        """[size, out, in] on `device`: every trial's start of `name`."""
+        checkpoint = self.pretrained[name].to(device)
+        stacked = checkpoint.expand(size, *checkpoint.shape).clone()
+        for p, weight in self.own[name].items():
+            stacked[p].copy_(weight)
+        return stacked
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [*self.pretrained.values(), *(w for own in self.own.values() for w in own.values())]
+
+
 def set_up_pack(cfgs: list[FinetuneConfig], data: TokenizedTask, pretrained: Pretrained, device,
-                workers: int | None = None, staged: bool | None = None) -> tuple[Layout, list[TrialSetup], list[torch.Tensor]]:
-    """(layout, setups, banks [P, D] on `device`): every trial set up as `finetune` would, `workers` trials at a
-    time in threads (default: the CPU threads torch uses). On a CPU each trial is drawn in place in its row of
-    the banks; on a GPU (`staged`) into a host copy of the pretrained rows, then copied over."""
+                workers: int | None = None, staged: bool | None = None
+                ) -> tuple[Layout, list[TrialSetup], list[torch.Tensor], StartWeights]:
+    """(layout, setups, banks [P, D] on `device`, their start weights): every trial set up as `finetune` would,
+    `workers` trials at a time in threads (default: the CPU threads torch uses). On a CPU each trial is drawn in
+    place in its row of the banks; on a GPU (`staged`) into a host copy of the pretrained rows, then copied
+    over. The start weights are taken from the host rows (no copy back from a GPU)."""
     template = classifier_skeleton(pretrained, data.num_labels)
     layout = Layout.of(template)
     source = pretrained_rows(layout, template, pretrained)
+    start = StartWeights.of(layout, source)
     banks = [torch.empty((len(cfgs), width), device=device) for width in layout.widths]
     on_host = banks[0].device.type == "cpu" if staged is None else not staged
     if on_host:
@@ -288,6 +331,7 @@ def set_up_pack(cfgs: list[FinetuneConfig], data: TokenizedTask, pretrained: Pre
     def one(p: int) -> TrialSetup:
         rows = [bank[p] for bank in banks] if on_host else [row.clone() for row in source]
         setup = set_up_trial(cfgs[p], data, pretrained, template, layout, rows)
+        start.keep(p, layout, rows)
         if not on_host:
             for bank, row in zip(banks, rows):
                 bank[p].copy_(row)
@@ -296,7 +340,7 @@ def set_up_pack(cfgs: list[FinetuneConfig], data: TokenizedTask, pretrained: Pre
     workers = max(1, min(len(cfgs), workers or torch.get_num_threads()))
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
         setups = list(pool.map(one, range(len(cfgs))))
-    return layout, setups, banks
+    return layout, setups, banks, start
 
 
 # --- batches -----------------------------------------------------------------------------------------------
@@ -929,7 +973,7 @@ class Pack:
         # last evaluation never does)
         self.exp_avg = [m.to(device) for m in parts.exp_avg] if parts.exp_avg else None
         self.exp_avg_sq = [v.to(device) for v in parts.exp_avg_sq] if parts.exp_avg_sq else None
-        self.start = parts.start  # the linear weights after surgery (host memory on GPUs), for weight_distance
+        self.start = parts.start  # the linear weights after surgery, for weight_distance
         self.compute = Compute(device, cfg.precision, int(config.pad_token_id or 0),
                                (self.setups[0].n_params, int(config.num_hidden_layers), int(config.hidden_size)))
         self.weights = {n: self.layout.view(self.banks, n) for n in self.layout.shapes}
@@ -1079,7 +1123,7 @@ class Pack:
         for i in range(1, self.encoder.num_layers + 1):
             squares = 0
             for n in LINEAR_WEIGHTS:
-                start = self.start[f"{i}.{n}"].to(self.compute.device, non_blocking=True).float()
+                start = self.start.stacked(f"{i}.{n}", len(self), self.compute.device)
                 squares = squares + (self.weights[f"{i}.{n}"].detach().float() - start).pow(2).flatten(1).sum(1)
             per_layer.append(squares.sqrt())
         return torch.stack(per_layer, dim=1).cpu().tolist()
@@ -1105,7 +1149,7 @@ class Pack:
         if self.exp_avg is None:  # the first step would make them: they count
             self.exp_avg, self.exp_avg_sq = [torch.zeros_like(b) for b in self.banks], [torch.zeros_like(b) for b in self.banks]
         tracked = [*self.banks, *(self.grads or []), *self.exp_avg, *self.exp_avg_sq,
-                   *[t for t in self.start.values() if t.device == self.banks[0].device],
+                   *[t for t in self.start.tensors() if t.device == self.banks[0].device],
                    *([self.encoder.low] if self.encoder.low is not None else [])]
         return peak_bytes(run, self.compute.device, tracked)
 
@@ -1238,7 +1282,7 @@ class PackParts:
     layout: Layout
     setups: list[TrialSetup]
     banks: list[torch.Tensor]
-    start: dict[str, torch.Tensor]
+    start: StartWeights
     exp_avg: list[torch.Tensor] | None = None
     exp_avg_sq: list[torch.Tensor] | None = None
     step_count: int = 0
@@ -1251,17 +1295,13 @@ class PackParts:
         pick = lambda tensors: [t[members] for t in tensors] if tensors else None  # noqa: E731
         return dataclasses.replace(
             self, setups=[self.setups[i] for i in members], banks=pick(self.banks), exp_avg=pick(self.exp_avg),
-            exp_avg_sq=pick(self.exp_avg_sq), start={n: t[members] for n, t in self.start.items()},
+            exp_avg_sq=pick(self.exp_avg_sq), start=self.start.select(members),
             rng_states=[self.rng_states[i] for i in members], active=[self.active[i] for i in members],
             clipped=[self.clipped[i] for i in members])
 
     @classmethod
     def set_up(cls, cfgs, data, pretrained, device, workers: int | None = None) -> "PackParts":
-        layout, setups, banks = set_up_pack(cfgs, data, pretrained, device, workers)
-        start_device = "cpu" if banks[0].device.type == "cuda" else banks[0].device
-        start = {n: layout.view(banks, n).detach().to(start_device, copy=True) for n in layout.shapes
-                 if kind(n) in LINEAR_WEIGHTS}
-        return cls(layout, setups, banks, start)
+        return cls(*set_up_pack(cfgs, data, pretrained, device, workers))
 
 
 # --- training a pack to the end ----------------------------------------------------------------------------
