@@ -209,8 +209,7 @@ class Phases:
     synchronized: it overlaps."""
 
     WRAPPED = {  # phase: (module[:class], function)
-        "set up: trials drawn": ("trainables.fused", "set_up_pack"),
-        "set up: start weights copied": ("trainables.fused:PackParts", "set_up"),
+        "set up: trials drawn, their start weights kept": ("trainables.fused", "set_up_pack"),
         "pack built (banks to the device)": ("trainables.fused:Pack", "__init__"),
         "memory probe": ("trainables.fused:Pack", "peak_memory"),
         "epoch plans (batches moved)": ("trainables.fused:Pack", "plan"),
