@@ -83,6 +83,17 @@ def record(graph: RecordedOps, pool):
     graph.ops = recorder.ops
 
 
+class Here:
+    """A stand-in for SideStream: steps run op by op where they are, recordings by `capture`."""
+
+    def __init__(self, capture=record):
+        self.capture = capture
+
+    @staticmethod
+    def run(work):
+        return work()
+
+
 def as_on_gpu(pack: Pack) -> Pack:
     pack.words.sparse, pack.bucketed = False, True
     return pack
@@ -113,7 +124,7 @@ def state(pack: Pack) -> list[torch.Tensor]:
 def test_replayed_steps_train_to_the_numbers_of_steps_run_op_by_op(pretrained, synthetic):
     eager = as_on_gpu(Pack(CFGS, synthetic, pretrained))
     graphed = as_on_gpu(Pack(CFGS, synthetic, pretrained))
-    graphs = graphed.graphs = StepGraphs(graphed, graph=RecordedOps, capture=record)
+    graphs = graphed.graphs = StepGraphs(graphed, graph=RecordedOps, side=Here())
     expected, got = epochs(eager, 2), epochs(graphed, 2)
     replays = sum(r.graph.replays for r in graphs.recorded.values())
     assert len(graphs.recorded) >= 2 and replays >= len(got) // 3, (len(graphs.recorded), replays, len(got))
@@ -132,7 +143,7 @@ def test_a_step_that_reads_a_python_number_would_replay_it_frozen(pretrained, sy
     while the schedule decays it, and the weights part from those of steps run op by op."""
     eager = as_on_gpu(Pack(CFGS, synthetic, pretrained))
     graphed = as_on_gpu(Pack(CFGS, synthetic, pretrained))
-    graphed.graphs = StepGraphs(graphed, graph=RecordedOps, capture=record)
+    graphed.graphs = StepGraphs(graphed, graph=RecordedOps, side=Here())
     graphed.optimizer.lr_tables = None  # as before the learning rates were read from the device
     epochs(eager, 1), epochs(graphed, 1)
     assert not torch.equal(eager.banks[1], graphed.banks[1])
@@ -141,7 +152,7 @@ def test_a_step_that_reads_a_python_number_would_replay_it_frozen(pretrained, sy
 def test_gradients_made_anew_are_recorded_again(pretrained, synthetic):
     eager = as_on_gpu(Pack(CFGS, synthetic, pretrained))
     graphed = as_on_gpu(Pack(CFGS, synthetic, pretrained))
-    graphs = graphed.graphs = StepGraphs(graphed, graph=RecordedOps, capture=record)
+    graphs = graphed.graphs = StepGraphs(graphed, graph=RecordedOps, side=Here())
     epochs(eager, 1), epochs(graphed, 1)
     first = dict(graphs.recorded)
     for pack in (eager, graphed):  # an evaluation between epochs gives the gradients back
@@ -159,13 +170,13 @@ def test_a_recording_that_fails_or_keeps_what_it_made_is_refused(pretrained, syn
             raise RuntimeError("operation not permitted when stream is capturing")
 
     pack = as_on_gpu(Pack(CFGS, synthetic, pretrained))
-    pack.graphs = StepGraphs(pack, graph=RecordedOps, capture=failing)
+    pack.graphs = StepGraphs(pack, graph=RecordedOps, side=Here(failing))
     with pytest.raises(RuntimeError, match="as a CUDA graph failed: RuntimeError: operation not permitted when "
                                            "stream is capturing. Run without REINIT_SWEEP_CUDA_GRAPHS=1"):
         epochs(pack, 1)
     # recorded at its first sight, a shape's dropout coordinates would be made by the recording and kept
     pack = as_on_gpu(Pack(CFGS, synthetic, pretrained))
-    pack.graphs = StepGraphs(pack, graph=RecordedOps, capture=record, warm_up=0)
+    pack.graphs = StepGraphs(pack, graph=RecordedOps, side=Here(), warm_up=0)
     batches, labels = pack.plan(pack.orders())
     pack.step(batches[0], labels[0])  # the first step runs op by op: it makes the moments
     with pytest.raises(RuntimeError, match="made dropout coordinates for"):

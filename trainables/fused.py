@@ -1180,16 +1180,34 @@ class Recorded:
     losses: torch.Tensor
 
 
-@contextlib.contextmanager
-def cuda_capture(graph, pool):
-    """torch.cuda.graph, capturing errors of this thread alone (the next group is set up on another), and the
-    stream as it was even when the capture fails (torch's leaves its side stream current then)."""
-    stream = torch.cuda.current_stream()
-    try:
-        with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
-            yield
-    finally:
-        torch.cuda.set_stream(stream)
+class SideStream:
+    """The CUDA stream a StepGraphs warms up and records on, as torch's CUDA graph notes ask: whatever a first
+    use sets up lazily for a stream (cuBLAS's workspace for it among them) is then set up by a warm-up step,
+    not inside a recording, where what it allocates would stay in the recordings' shared pool."""
+
+    def __init__(self):
+        self.stream = torch.cuda.Stream()
+
+    def run(self, work: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """work() on this stream, after what the current stream has queued, and before what it queues next."""
+        current = torch.cuda.current_stream()
+        self.stream.wait_stream(current)
+        with torch.cuda.stream(self.stream):
+            out = work()
+        current.wait_stream(self.stream)
+        out.record_stream(current)
+        return out
+
+    @contextlib.contextmanager
+    def capture(self, graph, pool):
+        """torch.cuda.graph on this stream, capturing errors of this thread alone (the next group is set up on
+        another), and the current stream as it was even when the capture fails (torch's leaves its own then)."""
+        current = torch.cuda.current_stream()
+        try:
+            with torch.cuda.graph(graph, pool=pool, stream=self.stream, capture_error_mode="thread_local"):
+                yield
+        finally:
+            torch.cuda.set_stream(current)
 
 
 class StepGraphs:
@@ -1207,12 +1225,13 @@ class StepGraphs:
     shape's warm-up steps and kept for every shape, and a recording that makes any is refused.
     Gradients made anew (after an evaluation) drop the recordings. A recording that fails raises: a failed
     capture can leave CUDA's allocator and streams in a state this process should not go on in. The memory
-    probe (Pack.peak_memory) does not count the pool, about one step's activations. `graph` and `capture` are
-    torch's CUDAGraph and cuda_capture unless a test gives stand-ins."""
+    probe (Pack.peak_memory) does not count the pool, about one step's activations. The steps run op by op
+    and the recordings are on a stream of their own (SideStream); replays on the current one. `graph` and
+    `side` are torch's CUDAGraph and a SideStream unless a test gives stand-ins."""
 
-    def __init__(self, pack: "Pack", graph=None, capture=None, warm_up: int = 1):
+    def __init__(self, pack: "Pack", graph=None, side=None, warm_up: int = 1):
         self.pack, self.warm_up = pack, warm_up
-        self.new_graph, self.capture = graph or torch.cuda.CUDAGraph, capture or cuda_capture
+        self.new_graph, self.side = graph or torch.cuda.CUDAGraph, side or SideStream()
         self.recorded: dict[tuple, Recorded] = {}
         self.seen: dict[tuple, int] = {}
         self.pool, self.bound, self.replays = None, None, 0
@@ -1235,7 +1254,7 @@ class StepGraphs:
         if recorded is None:
             self.seen[key] = self.seen.get(key, 0) + 1
             if pack.exp_avg is None or pack.grads is None or self.seen[key] <= self.warm_up:
-                return pack.run_step(batch, labels)
+                return self.side.run(lambda: pack.run_step(batch, labels))
             recorded = self.record(key, batch, labels)
         for name, buffer in recorded.inputs.items():
             buffer.copy_(getattr(batch, name))
@@ -1254,7 +1273,7 @@ class StepGraphs:
         step_count, graph, cached = pack.optimizer.step_count, self.new_graph(), set(pack.dropout._ids)
         pack.encoder.cast_at = None  # the recording must hold the weights' cast
         try:
-            with self.capture(graph, self.pool):
+            with self.side.capture(graph, self.pool):
                 losses = pack.run_step(static, y, cache=False)
         except Exception as error:
             cause = f"{type(error).__name__}: {error}".strip()
