@@ -348,9 +348,12 @@ def test_a_gpu_step_casts_the_weights_once_and_sorts_no_activation_gradients(pre
 @pytest.mark.parametrize("bucketed", [False, True])
 def test_a_batch_lays_every_sequence_out_as_pack_batch_says(synthetic, bucketed):
     split, rng = synthetic.train, np.random.default_rng(3)
-    for _ in range(20):
-        P, B = int(rng.integers(1, 6)), int(rng.integers(1, 5))
-        rows = [rng.choice(len(split), B, replace=False) for _ in range(P)]
+    shortest = int(np.argmin(split.lengths))
+    cases = [[np.array([shortest])], [np.array([0])], [np.array([shortest]), np.array([1])]]
+    cases += [[rng.choice(len(split), B, replace=False) for _ in range(P)]
+              for P, B in rng.integers(1, [6, 5], size=(20, 2)).tolist()]
+    for rows in cases:
+        P, B = len(rows), len(rows[0])
         a = batch_arrays(split, rows, pad_id=7, bucketed=bucketed)
         n, T = a["ids"].shape[1], a["keys"].shape[-1]
         assert a["lengths"].tolist() == [[int(split.lengths[r]) for r in trial] for trial in rows]
@@ -370,6 +373,7 @@ def test_a_batch_lays_every_sequence_out_as_pack_batch_says(synthetic, bucketed)
                 assert a["keys"][p * B + b, 0, 0].tolist() == [j < L for j in range(T)]
                 real[p, here] = True
             assert (a["ids"][p][~real[p]] == 7).all()  # padding
+            assert not a["positions"][p][~real[p]].any() and not a["types"][p][~real[p]].any()
             pads = a["scatter"][p * n + np.flatnonzero(~real[p])]
             assert ((pads >= p * B * T) & (pads < (p + 1) * B * T)).all()  # padding reads a slot of its own trial
         widest, most = int(a["lengths"].max()), int(a["lengths"].sum(1).max())

@@ -177,11 +177,8 @@ def test_a_recording_that_fails_or_keeps_what_it_made_is_refused(pretrained, syn
     # recorded at its first sight, a shape's dropout coordinates would be made by the recording and kept
     pack = as_on_gpu(Pack(CFGS, synthetic, pretrained))
     pack.graphs = StepGraphs(pack, graph=RecordedOps, side=Here(), warm_up=0)
-    batches, labels = pack.plan(pack.orders())
-    pack.step(batches[0], labels[0])  # the first step runs op by op: it makes the moments
     with pytest.raises(RuntimeError, match="made dropout coordinates for"):
-        for b, y in zip(batches[1:], labels[1:]):
-            pack.step(b, y)
+        epochs(pack, 1)
 
 
 def test_learning_rates_read_from_the_device_give_the_numbers_of_python_floats_on_a_cpu(pretrained, synthetic):
@@ -224,3 +221,62 @@ def test_a_step_as_on_a_gpu_never_waits_for_the_device(pretrained, synthetic):
     with Syncs() as syncs:
         bool(pack.active.any())
     assert syncs.found == ["aten._local_scalar_dense.default"]
+
+
+class FakeStream:
+    def __init__(self, name: str, log: list):
+        self.name, self.log = name, log
+
+    def wait_stream(self, other) -> None:
+        self.log.append(f"{self.name} waits for {other.name}")
+
+
+def test_the_side_stream_runs_between_the_current_streams_work_even_when_a_step_fails(monkeypatch):
+    """SideStream's ordering, with CUDA's stream calls stood in for: its step after the current stream's queued
+    work and before its next, a failed step (an out-of-memory error splits the pack, whose state is then
+    copied on the current stream) included; a failed capture leaves the current stream current."""
+    log: list[str] = []
+    current, side = FakeStream("current", log), FakeStream("side", log)
+
+    @contextlib.contextmanager
+    def on(stream):
+        log.append(f"on {stream.name}")
+        yield
+        log.append(f"off {stream.name}")
+
+    @contextlib.contextmanager
+    def graph(g, pool=None, stream=None, capture_error_mode=None):
+        log.append(f"capture on {stream.name} ({capture_error_mode})")
+        yield
+        raise RuntimeError("the capture was invalidated")
+
+    monkeypatch.setattr(torch.cuda, "Stream", lambda: side)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: current)
+    monkeypatch.setattr(torch.cuda, "stream", on)
+    monkeypatch.setattr(torch.cuda, "graph", graph)
+    monkeypatch.setattr(torch.cuda, "set_stream", lambda stream: log.append(f"{stream.name} current"))
+
+    class Losses:
+        def record_stream(self, stream):
+            log.append(f"used on {stream.name}")
+
+    def step():
+        log.append("step")
+        return Losses()
+
+    def failing():
+        log.append("step")
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    streams = fused.SideStream()
+    streams.run(step)
+    assert log == ["side waits for current", "on side", "step", "off side", "current waits for side", "used on current"]
+    log.clear()
+    with pytest.raises(torch.OutOfMemoryError):
+        streams.run(failing)
+    assert log == ["side waits for current", "on side", "step", "current waits for side"]
+    log.clear()
+    with pytest.raises(RuntimeError, match="invalidated"):
+        with streams.capture(object(), None):
+            log.append("recorded")
+    assert log == ["capture on side (thread_local)", "recorded", "current current"]

@@ -278,7 +278,7 @@ class StartWeights:
     a trial: in the paper's grid (k of 12 layers reinitialized) a trial keeps k layers' weights, not 12, and on
     a GPU the copies in and out of host memory shrink with them."""
 
-    pretrained: dict[str, torch.Tensor]  # name -> [out, in], the checkpoint's
+    pretrained: dict[str, torch.Tensor]  # name -> [out, in], the checkpoint's, where some trial starts from it
     own: dict[str, dict[int, torch.Tensor]]  # name -> {trial: its [out, in]}, where it differs from the checkpoint's
 
     @classmethod
@@ -294,6 +294,13 @@ class StartWeights:
             if not torch.equal(weight, checkpoint):
                 self.own[name][p] = weight.clone()
 
+    def settle(self, size: int) -> None:
+        """After the set-up of `size` trials: the checkpoint's copy of a weight no trial starts from is dropped
+        (a pack of one k = 12 trial keeps one copy, as before, not two)."""
+        for name, own in self.own.items():
+            if len(own) == size:
+                self.pretrained.pop(name, None)
+
     def select(self, members: list[int]) -> "StartWeights":
         """Those of some members only (in this order)."""
         return StartWeights(self.pretrained, {n: {i: own[m] for i, m in enumerate(members) if m in own}
@@ -301,9 +308,12 @@ class StartWeights:
 
     def stacked(self, name: str, size: int, device) -> torch.Tensor:
         """[size, out, in] on `device`: every trial's start of `name`."""
+        own = self.own[name]
+        if name not in self.pretrained:  # every trial has its own
+            return torch.stack([own[p] for p in range(size)]).to(device)
         checkpoint = self.pretrained[name].to(device)
         stacked = checkpoint.expand(size, *checkpoint.shape).clone()
-        for p, weight in self.own[name].items():
+        for p, weight in own.items():
             stacked[p].copy_(weight)
         return stacked
 
@@ -340,6 +350,7 @@ def set_up_pack(cfgs: list[FinetuneConfig], data: TokenizedTask, pretrained: Pre
     workers = max(1, min(len(cfgs), workers or torch.get_num_threads()))
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
         setups = list(pool.map(one, range(len(cfgs))))
+    start.settle(len(cfgs))
     return layout, setups, banks, start
 
 
@@ -813,9 +824,7 @@ class PackOptimizer:
 
     def step(self) -> None:
         pack = self.pack
-        if pack.exp_avg is None:
-            pack.exp_avg = [torch.zeros_like(b) for b in pack.banks]
-            pack.exp_avg_sq = [torch.zeros_like(b) for b in pack.banks]
+        pack.make_training_state()
         weights, grads = self.views("weights", pack.banks), self.views("grads", pack.grads)
         exp_avg, exp_avg_sq = self.views("exp_avg", pack.exp_avg), self.views("exp_avg_sq", pack.exp_avg_sq)
         factor = self.schedule(self.step_count)
@@ -1031,6 +1040,13 @@ class Pack:
             if kind(name) in ACCUMULATED:
                 self.weights[name].grad = None
 
+    def make_training_state(self, gradients: bool = True) -> None:
+        """Adam's moments (zeros), and with `gradients` the gradient banks, unless made already."""
+        if self.exp_avg is None:
+            self.exp_avg, self.exp_avg_sq = [torch.zeros_like(b) for b in self.banks], [torch.zeros_like(b) for b in self.banks]
+        if gradients and self.grads is None:
+            self.bind_gradients()
+
     def free_training_state(self) -> None:
         """Gradients and Adam's moments given back: after the last step, the evaluation has the memory."""
         self.free_gradients()
@@ -1147,7 +1163,7 @@ class Pack:
                     self.encoder(max(moved, key=lambda b: b.keys.numel()), None)
 
         if self.exp_avg is None:  # the first step would make them: they count
-            self.exp_avg, self.exp_avg_sq = [torch.zeros_like(b) for b in self.banks], [torch.zeros_like(b) for b in self.banks]
+            self.make_training_state(gradients=False)
         tracked = [*self.banks, *(self.grads or []), *self.exp_avg, *self.exp_avg_sq,
                    *[t for t in self.start.tensors() if t.device == self.banks[0].device],
                    *([self.encoder.low] if self.encoder.low is not None else [])]
@@ -1189,12 +1205,17 @@ class SideStream:
         self.stream = torch.cuda.Stream()
 
     def run(self, work: Callable[[], torch.Tensor]) -> torch.Tensor:
-        """work() on this stream, after what the current stream has queued, and before what it queues next."""
+        """work() on this stream, after what the current stream has queued, and before what it queues next,
+        even when work fails (an out-of-memory error splits the pack, whose state is then copied on the current
+        stream). Tensors it makes and keeps need no record_stream: every later use on the current stream is
+        queued after this wait, and every later step here after the current stream's work."""
         current = torch.cuda.current_stream()
         self.stream.wait_stream(current)
-        with torch.cuda.stream(self.stream):
-            out = work()
-        current.wait_stream(self.stream)
+        try:
+            with torch.cuda.stream(self.stream):
+                out = work()
+        finally:
+            current.wait_stream(self.stream)
         out.record_stream(current)
         return out
 
@@ -1247,13 +1268,14 @@ class StepGraphs:
 
     def step(self, batch: PackBatch, labels: torch.Tensor) -> torch.Tensor:
         pack = self.pack
+        pack.make_training_state()  # here, on the current stream: the memory evaluation gives back is reused
         if pack.grads is not self.bound:
             self.reset()
         key = (tuple(batch.ids.shape), tuple(batch.keys.shape))
         recorded = self.recorded.get(key)
         if recorded is None:
             self.seen[key] = self.seen.get(key, 0) + 1
-            if pack.exp_avg is None or pack.grads is None or self.seen[key] <= self.warm_up:
+            if self.seen[key] <= self.warm_up:
                 return self.side.run(lambda: pack.run_step(batch, labels))
             recorded = self.record(key, batch, labels)
         for name, buffer in recorded.inputs.items():
