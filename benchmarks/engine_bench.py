@@ -195,19 +195,20 @@ def setup_seconds(data, trials: int, threads: int) -> dict:
 
 
 def bytes_per_parameter(data, precision: str) -> dict:
-    from trainables.fused import LINEAR_WEIGHTS, PEAK_BYTES_PER_PARAMETER, Pack, kind
+    from trainables.fused import PEAK_BYTES_PER_PARAMETER, Pack
 
     pretrained = fused_bench.bert_base_shape()
     params = sum(t.numel() for t in pretrained.state_dict.values())
-    peaks, start = {}, 0
+    peaks, starts = {}, {}
     for size in (1, 2):
         pack = Pack(grid_trials(size, precision=precision), data, pretrained)
         as_on_gpu(pack)
         peaks[size] = pack.peak_memory(data.validation)
-        start = sum(t[0].numel() * t.element_size() for n, t in pack.start.items() if kind(n) in LINEAR_WEIGHTS)
+        starts[size] = sum(t.numel() * t.element_size() for t in pack.start.tensors())
         print(f"memory, {precision}, pack {size}: peak {peaks[size] / 2**30:.2f} GiB ({load()})", flush=True)
     per_trial = peaks[2] - peaks[1]
-    on_gpu = (per_trial - start) / params  # on a GPU the copy weight change is measured from stays in host memory
+    # on a GPU the weights that weight change is measured from stay in host memory
+    on_gpu = (per_trial - (starts[2] - starts[1])) / params
     out = {"precision": precision, "parameters": params, "peak_bytes": peaks, "per_trial_bytes": per_trial,
            "bytes_per_parameter": per_trial / params, "bytes_per_parameter_on_gpu": on_gpu,
            "planned": PEAK_BYTES_PER_PARAMETER, "planned_over_measured": PEAK_BYTES_PER_PARAMETER / on_gpu}
