@@ -512,7 +512,7 @@ def graph_numbers(cfgs, data, pretrained) -> dict:
 
     eager, graphed = Pack(cfgs, data, pretrained), Pack(cfgs, data, pretrained)
     graphed.graphs = StepGraphs(graphed)
-    eager.optimizer.read_lr_from_device(eager.total_steps())
+    eager.optimizer.read_lr_from_device()
     losses = []
     for pack in (eager, graphed):
         losses.append(torch.stack([pack.step(b, y) for b, y in zip(*pack.plan(pack.orders()))]).float())
@@ -580,40 +580,34 @@ def compare(args, pretrained, data, peer_model_path: str, device: str, header: d
     figures = Figures(cfgs, data, pretrained, peak, args.out, header)
     print(f"peak {peak / 1e12:.3f} TFLOP/s ({source}); model FLOPs per trial {figures.flops[0]:.3g}"
           + (f"; {fits} trials fit in the free memory" if gpu else ""), flush=True)
-    for size in packs:
-        name = f"ours, fused pack of {size}"
-        if gpu and size > fits:
-            figures.skip(name, f"{size} trials do not fit in the card's free memory (at most {fits})")
-            continue
+    def pack_row(name: str, size: int, errors, environment: dict) -> None:
+        """A fused pack of `size` trials as a row; an error among `errors` skips it (the rows after it run)."""
         if gpu:
             torch.cuda.reset_peak_memory_stats()
-        timed, failure = attempt(lambda: time_pack(cfgs[:size], data, pretrained, device_size=size),
-                                 torch.OutOfMemoryError)
+        with mock.patch.dict(os.environ, environment):
+            timed, failure = attempt(lambda: time_pack(cfgs[:size], data, pretrained, device_size=size), errors)
         if failure is not None:
             figures.skip(name, failure)
             release_memory()
-            continue
+            return
         wall, accuracy, phases = timed
         extra = {"peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30} if gpu else {}
         figures.add(name, size, wall, accuracy, phases=phases, **extra)
+
+    for size in packs:
+        if gpu and size > fits:
+            figures.skip(f"ours, fused pack of {size}",
+                         f"{size} trials do not fit in the card's free memory (at most {fits})")
+        else:
+            pack_row(f"ours, fused pack of {size}", size, torch.OutOfMemoryError, {})
     if args.step_profile:
         for size in [size for size in packs if not gpu or size <= fits]:
             profile_row(figures, cfgs[:size], data, pretrained, args.out)
             if gpu and args.cuda_graphs:
                 profile_row(figures, cfgs[:size], data, pretrained, args.out, graphs=True)
-    if gpu and args.cuda_graphs:
+    if gpu and args.cuda_graphs:  # a diagnostic: any error is the row's
         size = max(size for size in packs if size <= fits)
-        name = f"ours, fused pack of {size}, steps replayed as CUDA graphs"
-        torch.cuda.reset_peak_memory_stats()
-        with mock.patch.dict(os.environ, {CUDA_GRAPHS: "1"}):  # a diagnostic: any error is the row's
-            timed, failure = attempt(lambda: time_pack(cfgs[:size], data, pretrained, device_size=size), Exception)
-        if failure is not None:
-            figures.skip(name, failure)
-            release_memory()
-        else:
-            wall, accuracy, phases = timed
-            figures.add(name, size, wall, accuracy, phases=phases,
-                        peak_memory_gib=torch.cuda.max_memory_allocated() / 2**30)
+        pack_row(f"ours, fused pack of {size}, steps replayed as CUDA graphs", size, Exception, {CUDA_GRAPHS: "1"})
     if grouped:
         wall, accuracy, phases = time_pack(cfgs[:grouped], data, pretrained)
         figures.add(f"ours, --pack auto: {args.groups} groups of {fits}, set up in the background", grouped,

@@ -229,10 +229,15 @@ def evaluate(model, split, metric_task: Task, batch_size: int, compute: Compute)
             **chance_figures(metric_task, predictions, split.labels)}
 
 
+def schedule_steps(rows: int, cfg: FinetuneConfig) -> int:
+    """Optimizer steps of a whole run on `rows` training rows: the span of the lr schedule."""
+    return math.ceil(rows / cfg.batch_size) * cfg.epochs
+
+
 def make_optimizer(model, cfg: FinetuneConfig, rows: np.ndarray):
     """AdamW over every parameter (reinitialized layers at lr * lr_multiplier; weight decay on weights only)
     and its lr schedule: linear decay to 0 without warmup, or constant."""
-    total_steps = math.ceil(len(rows) / cfg.batch_size) * cfg.epochs
+    total_steps = schedule_steps(len(rows), cfg)
     if cfg.layer_lr_multipliers is not None:
         groups = layer_param_groups(model, cfg.lr, cfg.layer_lr_multipliers)
     else:

@@ -54,7 +54,7 @@ from trainables.ablations import apply_ablation
 from trainables.cost import cost_fields, non_embedding_params, peak_flops
 from trainables.data import TokenizedSplit, TokenizedTask, draw_subset, eval_batches, train_batches
 from trainables.finetune import (RECIPE_VERSION, Compute, FinetuneConfig, evaluated_at, hold_out, make_optimizer,
-                                 pick_device)
+                                 pick_device, schedule_steps)
 from trainables.memory import peak_bytes
 from trainables.metrics import chance_figures, compute_metrics
 from trainables.models import (Pretrained, classifier_skeleton, embeddings, encoder_state, init_fresh_parts,
@@ -799,13 +799,14 @@ class PackOptimizer:
         """The steps taken so far, on the device (int64; `steps`, AdamW's count, is float32 and exact here)."""
         return self.steps.long()
 
-    def read_lr_from_device(self, total_steps: int) -> None:
+    def read_lr_from_device(self) -> None:
         """From now on every learning rate is read, at each step, from a table of lr * schedule(s) on the
         device, instead of passed as a number: a recorded step (a CUDA graph) then follows the schedule. The
         table holds float64 on CPUs (torch's CPU kernel reads it as a double: the same numbers as a Python
         float) and float32 on GPUs (its CUDA kernel reads a float)."""
         dtype = torch.float64 if self.steps.device.type == "cpu" else torch.float32
         rates = {lr for lr, _ in self.groups} | set(self.word_rows or {})
+        total_steps = schedule_steps(len(self.pack.setups[0].rows), self.pack.cfgs[0])
         # one step beyond the run: an index past a CUDA table's end would be a device-side assert
         self.lr_tables = {lr: torch.tensor([lr * self.schedule(s) for s in range(total_steps + 1)], dtype=dtype,
                                            device=self.steps.device) for lr in rates}
@@ -824,7 +825,6 @@ class PackOptimizer:
 
     def step(self) -> None:
         pack = self.pack
-        pack.make_training_state()
         weights, grads = self.views("weights", pack.banks), self.views("grads", pack.grads)
         exp_avg, exp_avg_sq = self.views("exp_avg", pack.exp_avg), self.views("exp_avg_sq", pack.exp_avg_sq)
         factor = self.schedule(self.step_count)
@@ -1052,10 +1052,6 @@ class Pack:
         self.free_gradients()
         self.exp_avg = self.exp_avg_sq = None
 
-    def total_steps(self) -> int:
-        """Optimizer steps of the whole run (as make_optimizer counts them for the schedule)."""
-        return math.ceil(len(self.setups[0].rows) / self.cfgs[0].batch_size) * self.cfgs[0].epochs
-
     def orders(self) -> list[list[np.ndarray]]:
         """Each trial's batches of the next epoch, in its own seeded order (draws from its batch-order stream)."""
         return [train_batches(s.rows, self.cfgs[0].batch_size, rng) for s, rng in zip(self.setups, self.rngs)]
@@ -1082,8 +1078,7 @@ class Pack:
         replays as a step (tests/test_step_graphs.py)."""
         if oom_injected(len(self), self.optimizer.step_count):
             raise torch.OutOfMemoryError(f"{OOM_ABOVE}: a pack of {len(self)} does not fit (injected)")
-        if self.grads is None:
-            self.bind_gradients()
+        self.make_training_state()
         self.grads[1][:, :self.layout.accumulated].zero_()
         self.dropout.begin(self.optimizer.counter())
         with self.compute.autocast(cache=cache):
@@ -1257,7 +1252,7 @@ class StepGraphs:
         self.seen: dict[tuple, int] = {}
         self.pool, self.bound, self.replays = None, None, 0
         pack.dropout.every_shape = True
-        pack.optimizer.read_lr_from_device(pack.total_steps())
+        pack.optimizer.read_lr_from_device()
 
     def figures(self) -> dict:
         return {"graphs_recorded_shapes": len(self.recorded), "graphs_replays": self.replays}
