@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import fused_bench  # noqa: E402
 from sweep.packs import GPU_PACKS_PER_TRIAL  # noqa: E402
+from trialrows.recipe import resolve_precision  # noqa: E402
 
 GRID_TRIALS, GRID_SIZE, GRID_EPOCHS, BATCH = 1950, 500, 5, 8
 # The H100 SXM's roofline for the projection: datasheet dense bf16 peak and HBM3 bandwidth, each at the share a
@@ -103,7 +104,7 @@ def as_on_gpu(pack) -> None:
     pack.words.sparse, pack.bucketed = False, True
 
 
-GPU_PRECISION = "bf16"  # what `precision: auto` resolves to on a GPU
+GPU_PRECISION = resolve_precision("auto", gpu_share=1.0)  # what `precision: auto` runs on a GPU
 
 
 def count_ops(data, packs: list[int], width: int) -> list[dict]:
