@@ -156,11 +156,59 @@ def test_gradients_made_anew_are_recorded_again(pretrained, synthetic):
     graphs = graphed.graphs = StepGraphs(graphed, graph=RecordedOps, side=Here())
     epochs(eager, 1), epochs(graphed, 1)
     first = dict(graphs.recorded)
-    for pack in (eager, graphed):  # an evaluation between epochs gives the gradients back
+    for pack in (eager, graphed):  # the recordings write into the gradient banks they were made with
         pack.free_gradients()
     epochs(eager, 1), epochs(graphed, 1)
     assert graphs.recorded and not set(map(id, graphs.recorded.values())) & set(map(id, first.values()))
     assert all(torch.equal(a, b) for a, b in zip(state(eager), state(graphed)))
+
+
+def test_a_pack_keeps_its_recordings_through_evaluations_between_epochs(pretrained, synthetic, monkeypatch):
+    """finetune_pack with a dev evaluation after every epoch: the gradient banks stay, so each shape is recorded
+    once for the run, not once an epoch, and the trials end with the numbers of steps run op by op."""
+    made: list[StepGraphs] = []
+
+    def stand_in(pack: Pack) -> StepGraphs:
+        made.append(StepGraphs(as_on_gpu(pack), graph=RecordedOps, side=Here()))
+        return made[-1]
+
+    def op_by_op(pack: Pack) -> None:  # as a GPU pack without graphs, the learning rates read as with them
+        as_on_gpu(pack).optimizer.read_lr_from_device()
+
+    cfgs = [dataclasses.replace(c, epochs=3, eval_every=1) for c in CFGS]
+    monkeypatch.setattr(fused, "step_graphs", op_by_op)
+    expected = fused.finetune_pack(cfgs, synthetic, pretrained)
+    monkeypatch.setattr(fused, "step_graphs", stand_in)
+    got = fused.finetune_pack(cfgs, synthetic, pretrained)
+    (graphs,) = made  # the last evaluation gave the recordings back: each shape seen is counted in `seen`
+    recorded_shapes = sum(seen > graphs.warm_up for seen in graphs.seen.values())
+    assert graphs.replays >= 2 * 16 and graphs.recordings == recorded_shapes >= 2, (graphs.seen, graphs.figures())
+    for a, b in zip(expected, got):
+        assert len(b["dev_metrics_by_epoch"]) == 3
+        for key in ("dev_metrics_by_epoch", "train_loss", "weight_distance", "clipped_steps", "lr_last"):
+            assert a[key] == b[key], key
+        assert (a["cuda_graphs"], b["cuda_graphs"]) == (False, True)
+
+
+def test_a_recording_that_runs_out_of_memory_leaves_the_pack_to_run_op_by_op(pretrained, synthetic, capsys):
+    """Its shape's warm-up step fit; a recording's pool did not (it cannot take the memory the allocator keeps
+    cached for steps run op by op). The step is taken op by op, and so is every later one."""
+    @contextlib.contextmanager
+    def out_of_memory(graph, pool):
+        with record(graph, pool):
+            yield
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    eager = as_on_gpu(Pack(CFGS, synthetic, pretrained))
+    eager.optimizer.read_lr_from_device()
+    graphed = as_on_gpu(Pack(CFGS, synthetic, pretrained))
+    graphs = graphed.graphs = StepGraphs(graphed, graph=RecordedOps, side=Here(out_of_memory))
+    expected, got = epochs(eager, 2), epochs(graphed, 2)
+    assert graphed.graphs is None and graphs.recordings == 1 and graphs.replays == 0
+    assert all(torch.equal(a, b) for a, b in zip(expected, got))
+    assert all(torch.equal(a, b) for a, b in zip(state(eager), state(graphed)))
+    assert "CUDA graphs off, its steps run op by op: recording a step ran out of memory (CUDA out of memory" \
+        in capsys.readouterr().out
 
 
 def test_a_recording_that_fails_or_keeps_what_it_made_is_refused(pretrained, synthetic):

@@ -416,7 +416,7 @@ def finetune(
         resumed_from, progress = load_training_state(resume, model, optimizer, scheduler, rng)
     fixed = {"epochs": cfg.epochs, "metric_name": data.metric, "model_type": pretrained.model_type, **data.columns(),
              "max_grad_norm": cfg.max_grad_norm, "eval_every": cfg.eval_every, "precision": cfg.precision,
-             "recipe_version": RECIPE_VERSION, "resumed_from_epoch": resumed_from}
+             "cuda_graphs": False, "recipe_version": RECIPE_VERSION, "resumed_from_epoch": resumed_from}
     if cfg.layer_lr_multipliers is not None:  # what the optimizer really got, layers 1..L
         fixed["layer_lrs"] = [g["initial_lr"] for g in optimizer.param_groups
                               if g["name"].startswith("layer_") and not g["name"].endswith("/no-decay")]

@@ -1009,7 +1009,8 @@ class Pack:
         self.clipped = torch.tensor(parts.clipped, device=device) if parts.clipped is not None else \
             torch.zeros(len(cfgs), dtype=torch.long, device=device)
         self.bucketed = device.type == "cuda"
-        self.graphs = StepGraphs(self) if device.type == "cuda" and os.environ.get(CUDA_GRAPHS) == "1" else None
+        self.graphs = step_graphs(self)
+        self.graphs_on = self.graphs is not None  # for its rows: the graphs may be given up, their numbers stay
         self.epoch_flops = np.array([self.compute.flops(data.train.lengths[s.rows], train=True) for s in self.setups])
         self._eval: dict[int, tuple] = {}
 
@@ -1030,8 +1031,7 @@ class Pack:
         self.words.bind(self.grads[0].view_as(self.words.table))
 
     def free_gradients(self) -> None:
-        """Give the gradient banks back (before an evaluation), and the recorded steps that write them; the
-        next step makes them anew."""
+        """Give the gradient banks back, and the recorded steps that write them; the next step makes them anew."""
         self.grads, self.grad_views, self.grad_rows = None, {}, []
         if self.graphs is not None:
             self.graphs.reset()
@@ -1046,6 +1046,13 @@ class Pack:
             self.exp_avg, self.exp_avg_sq = [torch.zeros_like(b) for b in self.banks], [torch.zeros_like(b) for b in self.banks]
         if gradients and self.grads is None:
             self.bind_gradients()
+
+    def before_evaluation(self) -> None:
+        """Before an evaluation that more epochs follow: the gradient banks go back, unless recorded steps write
+        them (StepGraphs). Given back, every shape would be warmed up and recorded again after each evaluation;
+        the memory probe measured an evaluation beside them (Pack.peak_memory)."""
+        if self.graphs is None:
+            self.free_gradients()
 
     def free_training_state(self) -> None:
         """Gradients and Adam's moments given back: after the last step, the evaluation has the memory."""
@@ -1219,11 +1226,22 @@ class SideStream:
         """torch.cuda.graph on this stream, capturing errors of this thread alone (the next group is set up on
         another), and the current stream as it was even when the capture fails (torch's leaves its own then)."""
         current = torch.cuda.current_stream()
+        # A recording allocates from its own pool, which cannot take the blocks the allocator keeps cached for
+        # steps run op by op (the warm-up's activations among them), nor free them while it captures: they go
+        # back first, or a pack that fits op by op runs out of memory recording.
+        torch.cuda.empty_cache()
         try:
             with torch.cuda.graph(graph, pool=pool, stream=self.stream, capture_error_mode="thread_local"):
                 yield
         finally:
             torch.cuda.set_stream(current)
+
+
+def step_graphs(pack: "Pack") -> "StepGraphs | None":
+    """A GPU pack's StepGraphs when CUDA_GRAPHS is "1" (experimental), else None: its steps run op by op."""
+    if pack.compute.device.type == "cuda" and os.environ.get(CUDA_GRAPHS) == "1":
+        return StepGraphs(pack)
+    return None
 
 
 class StepGraphs:
@@ -1239,23 +1257,27 @@ class StepGraphs:
     and replay in whatever order the batches come, so a tensor a recording made and kept (a cache entry)
     could lie where another recording keeps its intermediates: the dropout coordinates are made by each
     shape's warm-up steps and kept for every shape, and a recording that makes any is refused.
-    Gradients made anew (after an evaluation) drop the recordings. A recording that fails raises: a failed
-    capture can leave CUDA's allocator and streams in a state this process should not go on in. The memory
-    probe (Pack.peak_memory) does not count the pool, about one step's activations. The steps run op by op
-    and the recordings are on a stream of their own (SideStream); replays on the current one. `graph` and
-    `side` are torch's CUDAGraph and a SideStream unless a test gives stand-ins."""
+    The gradient banks stay through evaluations between epochs (Pack.before_evaluation); gradients made anew
+    (after a split or a resume: another Pack) drop the recordings. A recording that runs out of memory turns the
+    pack's graphs off, and it goes on op by op: its shape's warm-up step fit, a recording needs its pool besides.
+    A recording that fails otherwise raises: a failed capture can leave CUDA's allocator and streams in a state
+    this process should not go on in. The memory probe (Pack.peak_memory) does not count the pool, about one
+    step's activations. The steps run op by op and the recordings are on a stream of their own (SideStream);
+    replays on the current one. `graph` and `side` are torch's CUDAGraph and a SideStream unless a test gives
+    stand-ins."""
 
     def __init__(self, pack: "Pack", graph=None, side=None, warm_up: int = 1):
         self.pack, self.warm_up = pack, warm_up
         self.new_graph, self.side = graph or torch.cuda.CUDAGraph, side or SideStream()
         self.recorded: dict[tuple, Recorded] = {}
         self.seen: dict[tuple, int] = {}
-        self.pool, self.bound, self.replays = None, None, 0
+        self.pool, self.bound, self.replays, self.recordings = None, None, 0, 0
         pack.dropout.every_shape = True
         pack.optimizer.read_lr_from_device()
 
     def figures(self) -> dict:
-        return {"graphs_recorded_shapes": len(self.recorded), "graphs_replays": self.replays}
+        return {"graphs_recorded_shapes": len(self.recorded), "graphs_recordings": self.recordings,
+                "graphs_replays": self.replays}
 
     def reset(self) -> None:
         """Drop the recordings (and the memory they hold)."""
@@ -1272,7 +1294,13 @@ class StepGraphs:
             self.seen[key] = self.seen.get(key, 0) + 1
             if self.seen[key] <= self.warm_up:
                 return self.side.run(lambda: pack.run_step(batch, labels))
-            recorded = self.record(key, batch, labels)
+            try:
+                recorded, cause = self.record(key, batch, labels), None
+            except torch.OutOfMemoryError as error:
+                recorded, cause = None, str(error)
+            if recorded is None:  # out of the handler, whose traceback holds the recording's tensors
+                self.give_up(cause)
+                return pack.step(batch, labels)  # nothing ran: the step is still to take
         for name, buffer in recorded.inputs.items():
             buffer.copy_(getattr(batch, name))
         recorded.labels.copy_(labels)
@@ -1282,6 +1310,13 @@ class StepGraphs:
         pack.encoder.cast_at = None  # the replay cast the weights before its update
         return recorded.losses.clone()  # before another recording's replay reuses the memory
 
+    def give_up(self, cause: str) -> None:
+        """The pack's steps run op by op from now on, and the recordings' memory goes back."""
+        print(f"fused pack of {len(self.pack)}: CUDA graphs off, its steps run op by op: recording a step ran out "
+              f"of memory ({(cause.splitlines() or [''])[0][:200]})", flush=True)
+        self.reset()
+        self.pack.graphs = None
+
     def record(self, key: tuple, batch: PackBatch, labels: torch.Tensor) -> Recorded:
         """Record one step of this batch's shape (recording runs nothing: the caller's replay does)."""
         pack = self.pack
@@ -1289,9 +1324,12 @@ class StepGraphs:
         static, y = dataclasses.replace(batch, **inputs), labels.clone()
         step_count, graph, cached = pack.optimizer.step_count, self.new_graph(), set(pack.dropout._ids)
         pack.encoder.cast_at = None  # the recording must hold the weights' cast
+        self.recordings += 1
         try:
             with self.side.capture(graph, self.pool):
                 losses = pack.run_step(static, y, cache=False)
+        except torch.OutOfMemoryError:
+            raise
         except Exception as error:
             cause = f"{type(error).__name__}: {error}".strip()
             if error.__context__ is not None:
@@ -1556,7 +1594,7 @@ class Trainer:
             if last:
                 pack.free_training_state()
             elif evaluated_at(epoch, cfg):
-                pack.free_gradients()
+                pack.before_evaluation()
             if evaluated_at(epoch, cfg) and (running & ~diverging).any():
                 metrics = pack.evaluate(data.validation)
             eval_share = (time.perf_counter() - tick) / P
@@ -1608,6 +1646,7 @@ class Trainer:
             "clipped_steps": int(clipped),
             "eval_every": cfg.eval_every,
             "precision": cfg.precision,
+            "cuda_graphs": pack.graphs_on,
             "recipe_version": RECIPE_VERSION,
             "train_seconds": ledger.train_seconds,
             "eval_seconds": ledger.eval_seconds,
