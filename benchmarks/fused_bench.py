@@ -473,8 +473,8 @@ def step_profile(cfgs, data, pretrained, steps: int = 5, table: str | None = Non
     from trainables.fused import Pack, StepGraphs, release_memory
 
     pack = Pack(cfgs, data, pretrained)
-    if graphs:
-        pack.graphs = StepGraphs(pack)
+    if graphs:  # kept here too: a recording that runs out of memory turns the pack's graphs off
+        recorder = pack.graphs = StepGraphs(pack)
         for batch, y in zip(*pack.plan(pack.orders())):
             pack.step(batch, y)
     batches, labels = pack.plan(pack.orders())
@@ -497,7 +497,7 @@ def step_profile(cfgs, data, pretrained, steps: int = 5, table: str | None = Non
                                          / 1e6 / steps,
               "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if gpu else float("nan")}
     if graphs:
-        result.update(pack.graphs.figures())
+        result.update(recorder.figures(), graphs_given_up=pack.graphs is None)
         if len(cfgs) <= 8:  # two packs at once: only small ones
             result.update(graph_numbers(cfgs, data, pretrained))
     del pack, batches, labels, work
@@ -511,14 +511,14 @@ def graph_numbers(cfgs, data, pretrained) -> dict:
     from trainables.fused import Pack, StepGraphs
 
     eager, graphed = Pack(cfgs, data, pretrained), Pack(cfgs, data, pretrained)
-    graphed.graphs = StepGraphs(graphed)
+    recorder = graphed.graphs = StepGraphs(graphed)
     eager.optimizer.read_lr_from_device()
     losses = []
     for pack in (eager, graphed):
         losses.append(torch.stack([pack.step(b, y) for b, y in zip(*pack.plan(pack.orders()))]).float())
     return {"graphs_max_loss_difference": float((losses[0] - losses[1]).abs().max()),
             "graphs_max_weight_difference": float((eager.banks[1] - graphed.banks[1]).abs().max()),
-            "graphs_replayed_in_check": graphed.graphs.replays}
+            "graphs_replayed_in_check": recorder.replays}
 
 
 def attempt(call, errors) -> tuple[object, str | None]:
