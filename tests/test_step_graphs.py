@@ -18,6 +18,7 @@ from tests.test_fused import MIXED
 from tests.test_fused_engine import Calls
 from trainables import fused
 from trainables.fused import Pack, StepGraphs
+from trainables.rows import make_row
 
 
 class Recorder(TorchDispatchMode):
@@ -187,7 +188,9 @@ def test_a_pack_keeps_its_recordings_through_evaluations_between_epochs(pretrain
         assert len(b["dev_metrics_by_epoch"]) == 3
         for key in ("dev_metrics_by_epoch", "train_loss", "weight_distance", "clipped_steps", "lr_last"):
             assert a[key] == b[key], key
-        assert (a["cuda_graphs"], b["cuda_graphs"]) == (False, True)
+        # and each trial's row says how it trained
+        rows = [make_row({"trial_id": "t"}, result, result["status"]) for result in (a, b)]
+        assert [row["cuda_graphs"] for row in rows] == [False, True]
 
 
 def test_a_recording_that_runs_out_of_memory_leaves_the_pack_to_run_op_by_op(pretrained, synthetic, capsys):
@@ -205,6 +208,7 @@ def test_a_recording_that_runs_out_of_memory_leaves_the_pack_to_run_op_by_op(pre
     graphs = graphed.graphs = StepGraphs(graphed, graph=RecordedOps, side=Here(out_of_memory))
     expected, got = epochs(eager, 2), epochs(graphed, 2)
     assert graphed.graphs is None and graphs.recordings == 1 and graphs.replays == 0
+    assert graphs.recorded == {} and graphs.pool is None and not graphed.dropout.every_shape
     assert all(torch.equal(a, b) for a, b in zip(expected, got))
     assert all(torch.equal(a, b) for a, b in zip(state(eager), state(graphed)))
     assert "CUDA graphs off, its steps run op by op: recording a step ran out of memory (CUDA out of memory" \

@@ -1010,7 +1010,8 @@ class Pack:
             torch.zeros(len(cfgs), dtype=torch.long, device=device)
         self.bucketed = device.type == "cuda"
         self.graphs = step_graphs(self)
-        self.graphs_on = self.graphs is not None  # for its rows: the graphs may be given up, their numbers stay
+        # for its rows: graphs given up (StepGraphs.give_up) leave the learning rates read in float32
+        self.graphs_on = self.graphs is not None
         self.epoch_flops = np.array([self.compute.flops(data.train.lengths[s.rows], train=True) for s in self.setups])
         self._eval: dict[int, tuple] = {}
 
@@ -1049,8 +1050,9 @@ class Pack:
 
     def before_evaluation(self) -> None:
         """Before an evaluation that more epochs follow: the gradient banks go back, unless recorded steps write
-        them (StepGraphs). Given back, every shape would be warmed up and recorded again after each evaluation;
-        the memory probe measured an evaluation beside them (Pack.peak_memory)."""
+        them (StepGraphs). Given back, every shape would be warmed up and recorded again after each evaluation.
+        The memory probe measured an evaluation beside the banks (Pack.peak_memory), not beside the recordings'
+        pool, which stays too: an evaluation that runs out of memory splits the pack."""
         if self.graphs is None:
             self.free_gradients()
 
@@ -1226,10 +1228,6 @@ class SideStream:
         """torch.cuda.graph on this stream, capturing errors of this thread alone (the next group is set up on
         another), and the current stream as it was even when the capture fails (torch's leaves its own then)."""
         current = torch.cuda.current_stream()
-        # A recording allocates from its own pool, which cannot take the blocks the allocator keeps cached for
-        # steps run op by op (the warm-up's activations among them), nor free them while it captures: they go
-        # back first, or a pack that fits op by op runs out of memory recording.
-        torch.cuda.empty_cache()
         try:
             with torch.cuda.graph(graph, pool=pool, stream=self.stream, capture_error_mode="thread_local"):
                 yield
@@ -1257,14 +1255,16 @@ class StepGraphs:
     and replay in whatever order the batches come, so a tensor a recording made and kept (a cache entry)
     could lie where another recording keeps its intermediates: the dropout coordinates are made by each
     shape's warm-up steps and kept for every shape, and a recording that makes any is refused.
-    The gradient banks stay through evaluations between epochs (Pack.before_evaluation); gradients made anew
-    (after a split or a resume: another Pack) drop the recordings. A recording that runs out of memory turns the
-    pack's graphs off, and it goes on op by op: its shape's warm-up step fit, a recording needs its pool besides.
-    A recording that fails otherwise raises: a failed capture can leave CUDA's allocator and streams in a state
-    this process should not go on in. The memory probe (Pack.peak_memory) does not count the pool, about one
-    step's activations. The steps run op by op and the recordings are on a stream of their own (SideStream);
-    replays on the current one. `graph` and `side` are torch's CUDAGraph and a SideStream unless a test gives
-    stand-ins."""
+    The gradient banks stay through evaluations between epochs (Pack.before_evaluation); banks made anew drop
+    the recordings, which write into the old ones. A recording that runs out of memory (torch's allocator says
+    so: torch.OutOfMemoryError; the capture ended, nothing ran) turns the pack's graphs off, and it goes on op by
+    op: its shape's warm-up step fit, a recording needs its pool besides. A recording that fails otherwise
+    raises, an out-of-memory error that CUDA or a library reports among them (instantiating the graph, cuBLAS's
+    workspace): a failed capture can leave CUDA's allocator and streams in a state this process should not go
+    on in. The memory probe (Pack.peak_memory) does not count the pool, about one step's activations, nor a
+    new shape's warm-up step beside it. The steps run op by op and the recordings are on a stream of their own
+    (SideStream); replays on the current one. `graph` and `side` are torch's CUDAGraph and a SideStream unless
+    a test gives stand-ins."""
 
     def __init__(self, pack: "Pack", graph=None, side=None, warm_up: int = 1):
         self.pack, self.warm_up = pack, warm_up
@@ -1316,6 +1316,8 @@ class StepGraphs:
               f"of memory ({(cause.splitlines() or [''])[0][:200]})", flush=True)
         self.reset()
         self.pack.graphs = None
+        self.pack.dropout.every_shape = False  # nor each shape's dropout coordinates kept
+        self.pack.dropout._ids.clear()
 
     def record(self, key: tuple, batch: PackBatch, labels: torch.Tensor) -> Recorded:
         """Record one step of this batch's shape (recording runs nothing: the caller's replay does)."""

@@ -13,20 +13,15 @@ import json
 import platform
 import time
 
+from trialrows.schema import RESULT, ROLES
+
 FINAL = ("ok", "diverged", "pruned")  # a landed row with one of these is final: nothing replaces it
 ENDED_ROWS = "ended_rows"  # the report key holding the rows of the trials that ended with this report
 
-# What a trial's figures contribute to its row besides every `dev_*` metric (Tune adds its own bookkeeping,
-# which stays out): finetuning's and packs', a search's, and a probe's.
-RESULT_COLUMNS = frozenset({
-    "metric_name", "dev_metric", "dev_metrics_by_epoch", "train_loss", "lr_last", "resumed_from_epoch",
-    "train_seconds", "eval_seconds", "wall_seconds", "model_flops", "mfu", "peak_flops", "peak_flops_source",
-    "device", "torch_threads", "weight_distance", "dev_epochs", "epochs_run", "clipped_steps",
-    "intermediate_weight_distance", "pack_size", "pack_id", "model_type", "label_names", "task_file",
-    "val_metrics_by_epoch", "val_objective", "layer_lrs",
-    "stop_epoch", "best_epoch", "val_metric", "val_loss", "val_losses", "fit_size", "val_size",
-    "feature_seconds", "feature_flops", "group_rows", "dev_features_reused", "host", "node_id",
-})  # fmt: skip
+# What a trial's figures contribute to its row besides every `dev_*` metric: the columns trialrows.schema
+# declares as results, read there (a column declared in one place and filtered out here was once lost from
+# every row). Tune's own bookkeeping in a report stays out.
+RESULT_COLUMNS = frozenset(name for name, role in ROLES.items() if role == RESULT)
 
 
 def library_versions() -> dict:
