@@ -19,6 +19,7 @@ from tests.test_fused_engine import Calls
 from trainables import fused
 from trainables.fused import Pack, StepGraphs
 from trainables.rows import make_row
+from trainables.state import load_state, save_state
 
 
 class Recorder(TorchDispatchMode):
@@ -164,22 +165,28 @@ def test_gradients_made_anew_are_recorded_again(pretrained, synthetic):
     assert all(torch.equal(a, b) for a, b in zip(state(eager), state(graphed)))
 
 
+def graphs_made(made: list):
+    """A stand-in for fused.step_graphs: every pack as on a GPU, with StepGraphs over the stand-in capture,
+    each appended to `made`."""
+    def stand_in(pack: Pack) -> StepGraphs:
+        made.append(StepGraphs(as_on_gpu(pack), graph=RecordedOps, side=Here()))
+        return made[-1]
+    return stand_in
+
+
+def op_by_op(pack: Pack) -> None:
+    """Another: every pack as on a GPU without graphs, its learning rates read as with them."""
+    as_on_gpu(pack).optimizer.read_lr_from_device()
+
+
 def test_a_pack_keeps_its_recordings_through_evaluations_between_epochs(pretrained, synthetic, monkeypatch):
     """finetune_pack with a dev evaluation after every epoch: the gradient banks stay, so each shape is recorded
     once for the run, not once an epoch, and the trials end with the numbers of steps run op by op."""
     made: list[StepGraphs] = []
-
-    def stand_in(pack: Pack) -> StepGraphs:
-        made.append(StepGraphs(as_on_gpu(pack), graph=RecordedOps, side=Here()))
-        return made[-1]
-
-    def op_by_op(pack: Pack) -> None:  # as a GPU pack without graphs, the learning rates read as with them
-        as_on_gpu(pack).optimizer.read_lr_from_device()
-
     cfgs = [dataclasses.replace(c, epochs=3, eval_every=1) for c in CFGS]
     monkeypatch.setattr(fused, "step_graphs", op_by_op)
     expected = fused.finetune_pack(cfgs, synthetic, pretrained)
-    monkeypatch.setattr(fused, "step_graphs", stand_in)
+    monkeypatch.setattr(fused, "step_graphs", graphs_made(made))
     got = fused.finetune_pack(cfgs, synthetic, pretrained)
     (graphs,) = made  # the last evaluation gave the recordings back: each shape seen is counted in `seen`
     recorded_shapes = sum(seen > graphs.warm_up for seen in graphs.seen.values())
@@ -191,6 +198,35 @@ def test_a_pack_keeps_its_recordings_through_evaluations_between_epochs(pretrain
         # and each trial's row says how it trained
         rows = [make_row({"trial_id": "t"}, result, result["status"]) for result in (a, b)]
         assert [row["cuda_graphs"] for row in rows] == [False, True]
+
+
+def test_with_graphs_a_pack_resumed_or_split_ends_with_the_numbers_of_one_run_op_by_op(
+        pretrained, synthetic, tmp_path, monkeypatch):
+    """What a replayed step reads from the device (the step count behind dropout's keys, the learning rate) comes
+    back with a checkpoint, and with a split's halves: a pack resumed ends bitwise as the pack run through, and
+    a pack split as the same split op by op. (A split itself may move a GPU pack's numbers by a rounding: its
+    halves' batches are bucketed to their own widths.)"""
+    cfgs = [dataclasses.replace(c, epochs=3, eval_every=1) for c in CFGS[:3]]
+    saved, made = [], []
+
+    def save(state):
+        saved.append(tmp_path / f"state{len(saved)}")
+        save_state(saved[-1], state)
+
+    def numbers(results: list[dict]) -> list[list]:
+        return [[r[key] for key in ("status", "dev_metrics_by_epoch", "train_loss", "weight_distance",
+                                    "clipped_steps", "lr_last")] for r in results]
+
+    monkeypatch.setattr(fused, "step_graphs", graphs_made(made))
+    clean = fused.finetune_pack(cfgs, synthetic, pretrained, save=save, pack_id="p")
+    resumed = fused.finetune_pack(cfgs, synthetic, pretrained, resume=load_state(saved[0]), pack_id="p")
+    assert numbers(resumed) == numbers(clean) and {r["resumed_from_epoch"] for r in resumed} == {1}
+    monkeypatch.setenv(fused.OOM_ABOVE, "2:21")  # epoch 2's sixth step, a replayed one: the pack of 3 splits
+    split = fused.finetune_pack(cfgs, synthetic, pretrained)
+    monkeypatch.setattr(fused, "step_graphs", op_by_op)
+    assert numbers(split) == numbers(fused.finetune_pack(cfgs, synthetic, pretrained))
+    assert [len(g.pack) for g in made] == [3, 3, 3, 1, 2] and all(g.replays for g in made), \
+        [(len(g.pack), g.figures()) for g in made]
 
 
 def test_a_recording_that_runs_out_of_memory_leaves_the_pack_to_run_op_by_op(pretrained, synthetic, capsys):

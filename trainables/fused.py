@@ -1076,6 +1076,8 @@ class Pack:
         """One optimizer step of every trial on its own batch; returns the per-trial losses [P]. With
         `update` False everything but the update runs (a memory probe): the weights, moments and counts stay.
         With `graphs` (StepGraphs) a step of a batch shape seen before is replayed from its recording."""
+        if oom_injected(len(self), self.optimizer.step_count):  # here, where a replayed step passes too
+            raise torch.OutOfMemoryError(f"{OOM_ABOVE}: a pack of {len(self)} does not fit (injected)")
         if update and self.graphs is not None:
             return self.graphs.step(batch, labels)
         return self.run_step(batch, labels, update)
@@ -1085,8 +1087,6 @@ class Pack:
         requires). Everything that changes from step to step is read from the device (the batch, the step
         count, the learning rates under `read_lr_from_device`), and nothing waits for it: a recording of it
         replays as a step (tests/test_step_graphs.py)."""
-        if oom_injected(len(self), self.optimizer.step_count):
-            raise torch.OutOfMemoryError(f"{OOM_ABOVE}: a pack of {len(self)} does not fit (injected)")
         self.make_training_state()
         self.grads[1][:, :self.layout.accumulated].zero_()
         self.dropout.begin(self.optimizer.counter())
