@@ -165,13 +165,30 @@ def test_gradients_made_anew_are_recorded_again(pretrained, synthetic):
     assert all(torch.equal(a, b) for a, b in zip(state(eager), state(graphed)))
 
 
-def graphs_made(made: list):
+def graphs_made(made: list, graph=RecordedOps):
     """A stand-in for fused.step_graphs: every pack as on a GPU, with StepGraphs over the stand-in capture,
     each appended to `made`."""
     def stand_in(pack: Pack) -> StepGraphs:
-        made.append(StepGraphs(as_on_gpu(pack), graph=RecordedOps, side=Here()))
+        made.append(StepGraphs(as_on_gpu(pack), graph=graph, side=Here()))
         return made[-1]
     return stand_in
+
+
+class EmptyRecording(RecordedOps):
+    """A recording that replays nothing, as a CUDA graph whose capture caught no kernel."""
+
+    def replay(self) -> None:
+        self.replays += 1
+
+
+def test_replays_that_run_nothing_stop_the_pack_at_its_first_epoch_end(pretrained, synthetic, monkeypatch):
+    monkeypatch.setattr(fused, "step_graphs", graphs_made([], graph=EmptyRecording))
+    reports = []
+    with pytest.raises(RuntimeError, match=r"fused pack of 4: after 16 steps the optimizer's count on the device "
+                                           r"is \d+: steps replayed as CUDA graphs did not run. Run without "
+                                           "REINIT_SWEEP_CUDA_GRAPHS=1"):
+        fused.finetune_pack(CFGS, synthetic, pretrained, report=reports.append)
+    assert reports == []  # no epoch of numbers that never trained was reported
 
 
 def op_by_op(pack: Pack) -> None:

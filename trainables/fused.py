@@ -1048,6 +1048,16 @@ class Pack:
         if gradients and self.grads is None:
             self.bind_gradients()
 
+    def check_replays(self) -> None:
+        """With graphs on, at an epoch's end, where the host waits for the device anyway: the optimizer's count
+        on the device must equal the steps taken. A replay that ran nothing (an empty recording) leaves it
+        behind, and the trials would go on with weights that never change, and no error."""
+        on_device = int(self.optimizer.steps.item())
+        if self.graphs_on and on_device != self.optimizer.step_count:
+            raise RuntimeError(f"fused pack of {len(self)}: after {self.optimizer.step_count} steps the optimizer's "
+                               f"count on the device is {on_device}: steps replayed as CUDA graphs did not run. "
+                               f"Run without {CUDA_GRAPHS}=1 (steps op by op).")
+
     def before_evaluation(self) -> None:
         """Before an evaluation that more epochs follow: the gradient banks go back, unless recorded steps write
         them (StepGraphs). Given back, every shape would be warmed up and recorded again after each evaluation.
@@ -1587,6 +1597,8 @@ class Trainer:
                 position.step += 1
             losses = torch.stack(position.losses).mean(0).cpu().numpy()
             pack.compute.synchronize()
+            if pack.graphs_on:
+                pack.check_replays()
             train_share = (time.perf_counter() - tick) / P
             running = np.array([ledger.running for ledger in run.ledgers])
             diverging = running & ~np.isfinite(losses)
