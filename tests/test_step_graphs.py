@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from tests.test_fused import MIXED
-from tests.test_fused_engine import Calls
+from tests.test_fused_engine import Calls, same_numbers
 from trainables import fused
 from trainables.fused import Pack, StepGraphs
 from trainables.rows import make_row
@@ -244,6 +244,11 @@ def test_with_graphs_a_pack_resumed_or_split_ends_with_the_numbers_of_one_run_op
     assert numbers(split) == numbers(fused.finetune_pack(cfgs, synthetic, pretrained))
     assert [len(g.pack) for g in made] == [3, 3, 3, 1, 2] and all(g.replays for g in made), \
         [(len(g.pack), g.figures()) for g in made]
+    # the halves went on from the step the pack stopped at (both ways of counting), to the numbers it would have
+    # had whole, but for the rounding of their own widths
+    assert [(g.pack.optimizer.step_count, int(g.pack.optimizer.steps)) for g in made[2:]] == \
+        [(21, 21), (48, 48), (48, 48)]
+    same_numbers(split, clean)
 
 
 def test_a_recording_that_runs_out_of_memory_leaves_the_pack_to_run_op_by_op(pretrained, synthetic, capsys):
