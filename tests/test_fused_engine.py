@@ -29,6 +29,12 @@ def finetune_model(cfg, data, pretrained):
     return apply_ablation(cfg.ablation, model, cfg.seed)
 
 
+def as_on_gpu(pack: Pack) -> Pack:
+    """What a CUDA pack does differently, on this CPU: the vocabulary's gradient read whole, widths bucketed."""
+    pack.words.sparse, pack.bucketed = False, True
+    return pack
+
+
 @pytest.mark.parametrize("staged", [False, True], ids=["in-place", "staged"])
 def test_trials_are_drawn_into_the_banks_exactly_as_finetune_draws_them(pretrained, synthetic, staged):
     cfgs = [MIXED[i] for i in (0, 1, 2, 3, 4)] + [trial(9, Permute.from_seed(2, LAYERS)), trial(10, Reinit())]
@@ -328,7 +334,7 @@ def test_a_gpu_step_casts_the_weights_once_and_sorts_no_activation_gradients(pre
     the attention gathers (7.8 ms a step); the clipping multiply as a broadcast over the pack (18.4 ms)."""
     cfgs = [dataclasses.replace(MIXED[i], precision="bf16") for i in (0, 6, 1)]
     pack = Pack(cfgs, synthetic, pretrained)
-    pack.words.sparse, pack.bucketed = False, True  # as on a GPU
+    as_on_gpu(pack)
     batches, labels = pack.plan(pack.orders())
     pack.step(batches[0], labels[0])
     with Calls() as ops:

@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from tests.test_fused import MIXED
-from tests.test_fused_engine import Calls, same_numbers
+from tests.test_fused_engine import Calls, as_on_gpu, same_numbers
 from trainables import fused
 from trainables.fused import Pack, StepGraphs
 from trainables.rows import make_row
@@ -95,11 +95,6 @@ class Here:
     @staticmethod
     def run(work):
         return work()
-
-
-def as_on_gpu(pack: Pack) -> Pack:
-    pack.words.sparse, pack.bucketed = False, True
-    return pack
 
 
 @pytest.fixture(autouse=True)

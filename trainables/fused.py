@@ -491,8 +491,12 @@ class Dropout:
         self.sites = torch.arange(self.hidden_sites + num_layers + 1, device=device)
         self.site_keys = self.keys[:, None]
         self._ids: dict[object, tuple[tuple, torch.Tensor]] = {}
-        self.every_shape = False  # keep each shape's coordinates, not the last one's (StepGraphs)
+        self.every_shape = False  # each shape's coordinates kept, not the last one's (StepGraphs)
         self.begin(0)
+
+    def keep_every_shape(self, on: bool) -> None:
+        self.every_shape = on
+        self._ids.clear()
 
     def begin(self, step: "int | torch.Tensor") -> None:
         """The keys of every site at optimizer step `step` (one small computation a step). `step` may be the
@@ -1052,8 +1056,10 @@ class Pack:
         """With graphs on, at an epoch's end, where the host waits for the device anyway: the optimizer's count
         on the device must equal the steps taken. A replay that ran nothing (an empty recording) leaves it
         behind, and the trials would go on with weights that never change, and no error."""
+        if not self.graphs_on:
+            return
         on_device = int(self.optimizer.steps.item())
-        if self.graphs_on and on_device != self.optimizer.step_count:
+        if on_device != self.optimizer.step_count:
             raise RuntimeError(f"fused pack of {len(self)}: after {self.optimizer.step_count} steps the optimizer's "
                                f"count on the device is {on_device}: steps replayed as CUDA graphs did not run. "
                                f"Run without {CUDA_GRAPHS}=1 (steps op by op).")
@@ -1282,7 +1288,7 @@ class StepGraphs:
         self.recorded: dict[tuple, Recorded] = {}
         self.seen: dict[tuple, int] = {}
         self.pool, self.bound, self.replays, self.recordings = None, None, 0, 0
-        pack.dropout.every_shape = True
+        pack.dropout.keep_every_shape(True)
         pack.optimizer.read_lr_from_device()
 
     def figures(self) -> dict:
@@ -1326,8 +1332,7 @@ class StepGraphs:
               f"of memory ({(cause.splitlines() or [''])[0][:200]})", flush=True)
         self.reset()
         self.pack.graphs = None
-        self.pack.dropout.every_shape = False  # nor each shape's dropout coordinates kept
-        self.pack.dropout._ids.clear()
+        self.pack.dropout.keep_every_shape(False)
 
     def record(self, key: tuple, batch: PackBatch, labels: torch.Tensor) -> Recorded:
         """Record one step of this batch's shape (recording runs nothing: the caller's replay does)."""
@@ -1597,8 +1602,7 @@ class Trainer:
                 position.step += 1
             losses = torch.stack(position.losses).mean(0).cpu().numpy()
             pack.compute.synchronize()
-            if pack.graphs_on:
-                pack.check_replays()
+            pack.check_replays()
             train_share = (time.perf_counter() - tick) / P
             running = np.array([ledger.running for ledger in run.ledgers])
             diverging = running & ~np.isfinite(losses)
