@@ -78,10 +78,11 @@ def parse_args():
     p.add_argument("--step-profile", action="store_true",
                    help="per pack size, one step's wall time, the host's time to issue it and the GPU's "
                         "kernel time in it (torch.profiler): whether the GPU waits on Python")
-    p.add_argument("--cuda-graphs", action="store_true",
-                   help="GPU: also run the largest pack with its steps replayed as CUDA graphs (trainables.fused."
-                        "StepGraphs, experimental), and with --step-profile profile each pack size so too, its "
-                        "losses and weights after an epoch held against steps run op by op at packs of 8 or fewer")
+    p.add_argument("--op-by-op", action="store_true",
+                   help="GPU: also run the largest pack with every step op by op (REINIT_SWEEP_CUDA_GRAPHS=0; by "
+                        "default a GPU pack replays its steps as CUDA graphs), and with --step-profile profile each "
+                        "pack size so too; the graphs' losses and weights after an epoch are held against steps "
+                        "run op by op at packs of 8 or fewer")
     p.add_argument("--peer-trial", type=json.loads, help=argparse.SUPPRESS)  # internal: one peer process
     p.add_argument("--out", help="also write the figures as JSON here")
     return p.parse_args()
@@ -472,7 +473,7 @@ def step_profile(cfgs, data, pretrained, steps: int = 5, table: str | None = Non
 
     from trainables.fused import Pack, StepGraphs, release_memory
 
-    pack = Pack(cfgs, data, pretrained)
+    pack = op_by_op_pack(cfgs, data, pretrained)
     if graphs:  # kept here too: a recording that runs out of memory turns the pack's graphs off
         recorder = pack.graphs = StepGraphs(pack)
         for batch, y in zip(*pack.plan(pack.orders())):
@@ -505,12 +506,20 @@ def step_profile(cfgs, data, pretrained, steps: int = 5, table: str | None = Non
     return result
 
 
+def op_by_op_pack(cfgs, data, pretrained):
+    """A Pack whose steps run op by op, also on a GPU (where it would replay them as CUDA graphs)."""
+    from trainables.fused import CUDA_GRAPHS, Pack
+
+    with mock.patch.dict(os.environ, {CUDA_GRAPHS: "0"}):
+        return Pack(cfgs, data, pretrained)
+
+
 def graph_numbers(cfgs, data, pretrained) -> dict:
     """How far an epoch of steps replayed as CUDA graphs leaves the losses and weights from the same epoch run op
     by op (both reading their learning rates from the device, as the graphs must)."""
-    from trainables.fused import Pack, StepGraphs
+    from trainables.fused import StepGraphs
 
-    eager, graphed = Pack(cfgs, data, pretrained), Pack(cfgs, data, pretrained)
+    eager, graphed = op_by_op_pack(cfgs, data, pretrained), op_by_op_pack(cfgs, data, pretrained)
     recorder = graphed.graphs = StepGraphs(graphed)
     eager.optimizer.read_lr_from_device()
     losses = []
@@ -586,9 +595,9 @@ def compare(args, pretrained, data, peer_model_path: str, device: str, header: d
             torch.cuda.reset_peak_memory_stats()
         with mock.patch.dict(os.environ, environment):
             timed, failure = attempt(lambda: time_pack(cfgs[:size], data, pretrained, device_size=size), errors)
+        release_memory()  # the pack is gone before the next row measures its own peak
         if failure is not None:
             figures.skip(name, failure)
-            release_memory()
             return
         wall, accuracy, phases = timed
         extra = {"peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30} if gpu else {}
@@ -600,14 +609,15 @@ def compare(args, pretrained, data, peer_model_path: str, device: str, header: d
                          f"{size} trials do not fit in the card's free memory (at most {fits})")
         else:
             pack_row(f"ours, fused pack of {size}", size, torch.OutOfMemoryError, {})
-    if args.step_profile:
+    if args.step_profile:  # on a GPU, as packs run there (steps replayed as CUDA graphs), and with --op-by-op so too
         for size in [size for size in packs if not gpu or size <= fits]:
-            profile_row(figures, cfgs[:size], data, pretrained, args.out)
-            if gpu and args.cuda_graphs:
+            if not gpu or args.op_by_op:
+                profile_row(figures, cfgs[:size], data, pretrained, args.out)
+            if gpu:
                 profile_row(figures, cfgs[:size], data, pretrained, args.out, graphs=True)
-    if gpu and args.cuda_graphs:  # a diagnostic: any error is the row's
+    if gpu and args.op_by_op:  # a diagnostic: any error is the row's
         size = max(size for size in packs if size <= fits)
-        pack_row(f"ours, fused pack of {size}, steps replayed as CUDA graphs", size, Exception, {CUDA_GRAPHS: "1"})
+        pack_row(f"ours, fused pack of {size}, every step op by op", size, Exception, {CUDA_GRAPHS: "0"})
     if grouped:
         wall, accuracy, phases = time_pack(cfgs[:grouped], data, pretrained)
         figures.add(f"ours, --pack auto: {args.groups} groups of {fits}, set up in the background", grouped,

@@ -38,6 +38,14 @@ def test_unreachable_address_is_refused_before_ray_starts(tiny_bert, tmp_path, c
     assert not any(tmp_path.iterdir())
 
 
+def test_a_bad_cuda_graphs_setting_is_refused_before_any_work(tiny_bert, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("REINIT_SWEEP_CUDA_GRAPHS", "off")
+    err = refused(["incremental", "--model", tiny_bert, "--storage", str(tmp_path / "out")], capsys)
+    assert "REINIT_SWEEP_CUDA_GRAPHS='off': allowed are 1 (steps replayed as CUDA graphs on GPUs, the default) " \
+           "and 0 (every step run op by op)" in err
+    assert not (tmp_path / "out").exists()
+
+
 def test_unwritable_storage_is_refused(tiny_bert, tmp_path, capsys):
     blocker = tmp_path / "results.txt"
     blocker.write_text("a file where the results folder would go")

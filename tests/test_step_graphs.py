@@ -180,8 +180,8 @@ def test_replays_that_run_nothing_stop_the_pack_at_its_first_epoch_end(pretraine
     monkeypatch.setattr(fused, "step_graphs", graphs_made([], graph=EmptyRecording))
     reports = []
     with pytest.raises(RuntimeError, match=r"fused pack of 4: after 16 steps the optimizer's count on the device "
-                                           r"is \d+: steps replayed as CUDA graphs did not run. Run without "
-                                           "REINIT_SWEEP_CUDA_GRAPHS=1"):
+                                           r"is \d+: steps replayed as CUDA graphs did not run. Set "
+                                           "REINIT_SWEEP_CUDA_GRAPHS=0 to run steps op by op"):
         fused.finetune_pack(CFGS, synthetic, pretrained, report=reports.append)
     assert reports == []  # no epoch of numbers that never trained was reported
 
@@ -278,7 +278,7 @@ def test_a_recording_that_fails_or_keeps_what_it_made_is_refused(pretrained, syn
     pack = as_on_gpu(Pack(CFGS, synthetic, pretrained))
     pack.graphs = StepGraphs(pack, graph=RecordedOps, side=Here(failing))
     with pytest.raises(RuntimeError, match="as a CUDA graph failed: RuntimeError: operation not permitted when "
-                                           "stream is capturing. Run without REINIT_SWEEP_CUDA_GRAPHS=1"):
+                                           "stream is capturing. Set REINIT_SWEEP_CUDA_GRAPHS=0"):
         epochs(pack, 1)
     # recorded at its first sight, a shape's dropout coordinates would be made by the recording and kept
     pack = as_on_gpu(Pack(CFGS, synthetic, pretrained))
@@ -400,3 +400,22 @@ def test_on_a_gpu_replayed_steps_train_as_steps_run_op_by_op(pretrained, synthet
     tolerance = 1e-4 if precision == "fp32" else 2e-2
     torch.testing.assert_close(got, expected, rtol=tolerance, atol=tolerance)
     torch.testing.assert_close(graphed.banks[1], eager.banks[1], rtol=tolerance, atol=tolerance)
+
+
+def test_gpu_packs_replay_their_steps_unless_told_not_to(monkeypatch):
+    """On by default on GPUs since an H200 measured them (docs/benchmarks.md); "0" turns them off, any other value
+    is refused with what is allowed; a CPU pack never records."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(fused, "StepGraphs", lambda pack: ("graphs of", pack))
+    on = lambda kind: SimpleNamespace(compute=SimpleNamespace(device=torch.device(kind)))  # noqa: E731
+    gpu, cpu = on("cuda"), on("cpu")
+    monkeypatch.delenv(fused.CUDA_GRAPHS, raising=False)
+    assert fused.step_graphs(gpu) == ("graphs of", gpu) and fused.step_graphs(cpu) is None
+    monkeypatch.setenv(fused.CUDA_GRAPHS, "0")
+    assert fused.step_graphs(gpu) is None
+    monkeypatch.setenv(fused.CUDA_GRAPHS, "1")
+    assert fused.step_graphs(gpu) == ("graphs of", gpu)
+    monkeypatch.setenv(fused.CUDA_GRAPHS, "yes")
+    with pytest.raises(ValueError, match=r"REINIT_SWEEP_CUDA_GRAPHS='yes': allowed are 1 .* and 0"):
+        fused.step_graphs(gpu)

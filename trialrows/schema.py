@@ -141,7 +141,7 @@ COLUMNS: tuple[tuple[str, pa.DataType, str], ...] = (
     ("pilot_trials", _INT, RESULT),
     ("max_trials", _INT, RESULT),
     ("pack_size", _INT, RESULT),
-    # It trained with CUDA graphs on (REINIT_SWEEP_CUDA_GRAPHS=1 on a GPU): its learning rates were read from a
+    # It trained with CUDA graphs on (the default on GPUs; REINIT_SWEEP_CUDA_GRAPHS=0 turns them off): its learning rates were read from a
     # float32 table on the device, so its numbers differ from op by op's by that rounding.
     ("cuda_graphs", _BOOL, RESULT),
     ("pack_id", _STR, RESULT),
