@@ -35,12 +35,14 @@ run)
     py="${PYTHON:-python3}"  # the GPU machine's own Python, with torch and transformers
     "$py" -c "import torch; assert torch.cuda.is_available(), 'torch sees no GPU here'"
     nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv | tee "$out/gpu.txt" || true
-    # bf16 as precision: auto runs on GPUs; packs of 1, 8 and what fits, each step profiled run op by op and
-    # replayed as CUDA graphs (their numbers held against each other), the largest pack trained whole with graphs;
-    # two groups as --pack auto runs them; the peer four processes to the card. The JSON is rewritten as each row
-    # lands: a timeout keeps the rows so far.
+    # The linear layers' gradients written into the float32 bank, checked against float64 (seconds).
+    "$py" benchmarks/gpu_linear_check.py 2>&1 | tee "$out/linear.log"
+    # bf16 as precision: auto runs on GPUs; packs of 1, 8 and what fits, each step profiled replayed as CUDA
+    # graphs (the default) and run op by op (their numbers held against each other), the largest pack trained
+    # whole both ways; two groups as --pack auto runs them; the peer four processes to the card. The JSON is
+    # rewritten as each row lands: a timeout keeps the rows so far.
     timeout "${3:-540}" "$py" benchmarks/fused_bench.py --device cuda --precision bf16 --tokenizer .gpu/tok \
-        --data-dir .gpu/glue --groups 2 --skip-unfused --peer-processes 4 --step-profile --cuda-graphs \
+        --data-dir .gpu/glue --groups 2 --skip-unfused --peer-processes 4 --step-profile --op-by-op \
         --out "$out/gpu.json" 2>&1 | tee "$out/gpu.log"
     ;;
 *)

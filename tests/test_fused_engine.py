@@ -328,6 +328,28 @@ class Calls(TorchDispatchMode):
         return sum(f is op for f, _ in self.calls)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="bmm's float32 output needs a GPU")
+def test_on_a_gpu_bf16_linear_gradients_land_in_the_float32_bank_unrounded():
+    """On GPUs the bf16 products' float32 accumulators go straight into the float32 gradient bank's strided rows
+    (benchmarks/gpu_linear_check.py times it): as exact as float64 from the same bf16 inputs, not rounded to
+    bf16 on the way (about 1e-3), and nothing of the bank written outside the layer's own rows."""
+    from trainables.fused import _Linear
+
+    P, N, inner, out = 3, 9, 16, 8
+    weight = torch.randn(P, out, inner, device="cuda").bfloat16()
+    bias = torch.randn(P, out, device="cuda").bfloat16()
+    bank = torch.full((P, out * inner + out + 4), float("nan"), device="cuda")
+    grad_weight = bank[:, 2:2 + out * inner].view(P, out, inner)
+    grad_bias = bank[:, 2 + out * inner:2 + out * inner + out]
+    x = torch.randn(P, N, inner, device="cuda", requires_grad=True)
+    grad = torch.randn(P, N, out, device="cuda")
+    _Linear.apply(x, weight, bias, grad_weight, grad_bias).backward(grad)
+    x64, grad64 = x.bfloat16().double(), grad.bfloat16().double()
+    for got, expected in ((grad_weight, grad64.mT @ x64), (grad_bias, grad64.sum(1))):
+        assert float((got.double() - expected).norm() / expected.norm()) < 1e-5
+    assert bank[:, :2].isnan().all() and bank[:, -2:].isnan().all()
+
+
 def test_a_gpu_step_casts_the_weights_once_and_sorts_no_activation_gradients(pretrained, synthetic):
     """Three things an H100's profile of a pack-of-34 step showed and that a CPU can only count: each weight and
     bias cast to bf16 on its own by a strided kernel; autograd's index_put, which sorts, for the gradients of

@@ -86,6 +86,8 @@ OOM_ABOVE = "REINIT_SWEEP_OOM_ABOVE"
 # issues one launch a step instead of about 1,500: on an H200 a pack-of-1 step took 7.0 ms instead of 28.0, a
 # pack of 8's 25.5 instead of 63.7 (docs/benchmarks.md). "0" runs every step op by op.
 CUDA_GRAPHS = "REINIT_SWEEP_CUDA_GRAPHS"
+# bmm with out_dtype (torch 2.8 on, CUDA): a bf16 product written as float32.
+FLOAT32_OUT_BMM = "dtype_out" in torch.ops.aten.bmm.overloads()
 # The ACCUMULATED tensors' gradients are views of the gradient bank, strided over the pack on purpose; autograd
 # adds into them in place and warns that a strided gradient "may impair performance" (they are small).
 LAYOUT_WARNING = "grad and param do not obey the gradient layout contract"
@@ -591,6 +593,15 @@ class _Linear(torch.autograd.Function):
         if grad_weight.dtype == w.dtype:
             torch.bmm(grad.mT, x, out=grad_weight)
             torch.sum(grad, 1, out=grad_bias)
+        elif grad.is_cuda and FLOAT32_OUT_BMM:
+            # bf16 on a GPU: the products' float32 accumulators written straight into the float32 bank, the bias's
+            # as a product with ones. A bank of 34 BERT-base trials is past 2**31 elements, so an elementwise copy
+            # or a reduction into its views is split into several kernels each (about 800 a pack-of-34 step on an
+            # H200, 12 ms); cuBLAS takes the strides whole. The gradients are then not rounded to bf16 on the
+            # way, as autocast's are: a little more exact.
+            torch.bmm(grad.mT, x, out_dtype=grad_weight.dtype, out=grad_weight)
+            ones = grad.new_ones(grad.shape[0], 1, grad.shape[1])
+            torch.bmm(ones, grad, out_dtype=grad_bias.dtype, out=grad_bias.unsqueeze(1))
         else:
             grad_weight.copy_(torch.bmm(grad.mT, x))
             grad_bias.copy_(grad.sum(1))
