@@ -83,6 +83,46 @@ def test_bucketed_widths_change_no_number(pretrained, synthetic):
     assert exact.plan(exact.orders())[0][0].keys.shape[-1] not in (8, 12, 16, 24, 32, 48, 64)  # it did pad
 
 
+def test_bank_rows_are_aligned_and_their_padding_changes_no_number(pretrained, synthetic, monkeypatch):
+    """Every trial's view of bank 1 starts 256 bytes apart from the bank's start and its row is a multiple of
+    64 floats (vectorized CUDA kernels and cuBLAS's fast paths need it; fused.BANK_ALIGNMENT). The zeros between
+    tensors stay zero through training (mixed learning rates, decay, per-layer rates: AdamW runs over them),
+    and a pack ends with the numbers of the same pack laid out unpadded, as on a CPU, up to rounding."""
+    import trainables.fused as fused
+
+    cfgs = [MIXED[i] for i in (0, 3, 4, 6)]
+    # as on a GPU, thrice its alignment: the tiny model's tensors (multiples of 64) then have zeros between them
+    monkeypatch.setattr(fused, "bank_alignment", lambda device: 3 * fused.BANK_ALIGNMENT)
+    padded = as_on_gpu(Pack(cfgs, synthetic, pretrained))
+    layout, bank = padded.layout, padded.banks[1]
+    assert layout.widths[1] % 64 == 0
+    for name in layout.names(1):
+        view = layout.view(padded.banks, name)
+        assert all((view[p].data_ptr() - bank.data_ptr()) % 256 == 0 for p in range(len(cfgs))), name
+    monkeypatch.undo()  # a CPU's layout: unpadded
+    plain = as_on_gpu(Pack(cfgs, synthetic, pretrained))
+    assert plain.layout.widths[1] == sum(plain.layout.sizes(1))
+    assert plain.layout.places["2.qkv_w"][1] < layout.places["2.qkv_w"][1], "zeros between tensors, not only at the end"
+    for _ in range(2):  # the rounding of a few CPU ops moves with the layout (fused.BANK_ALIGNMENT)
+        torch.testing.assert_close(padded.train_epoch()[0], plain.train_epoch()[0], rtol=1e-5, atol=1e-6)
+    used = torch.zeros(layout.widths[1], dtype=torch.bool)
+    for name in layout.names(1):
+        begin = layout.places[name][1]
+        used[begin:begin + layout.sizes(1)[layout.names(1).index(name)]] = True
+        torch.testing.assert_close(layout.view(padded.banks, name), plain.layout.view(plain.banks, name),
+                                   rtol=1e-5, atol=1e-5)
+    for state in (padded.banks, padded.grads, padded.exp_avg, padded.exp_avg_sq):
+        assert not state[1][:, ~used].any(), "the padding stays zero"
+    # the next group of a GPU pack, set up in host memory while the one before trains, is laid out for the GPU
+    import concurrent.futures
+
+    ahead = fused.PackRun([0, 1])
+    with concurrent.futures.ThreadPoolExecutor(1) as background:
+        ahead.prepare(cfgs, synthetic, pretrained, background, torch.device("cuda", 0))
+        parts = ahead.pending.result()
+    assert parts.layout.align == fused.BANK_ALIGNMENT and parts.banks[1].device.type == "cpu"
+
+
 def test_a_pack_measures_its_peak_memory_and_the_probe_changes_nothing(quiet, synthetic):
     peaks = {}
     for size in (1, 2, 3):
@@ -190,6 +230,20 @@ def test_a_pack_resumed_from_its_checkpoint_ends_with_the_same_numbers(pretraine
         resumed, reports = run(cfgs, synthetic, pretrained, resume=state, pack_id="p")
         same_numbers(resumed, clean)
         assert set().union(*reports) == {0, 1, 2}
+
+    # A GPU's checkpoint (its banks padded: BANK_ALIGNMENT) resumed where no GPU is keeps its layout, and its
+    # numbers: the same as the padded pack run through.
+    import trainables.fused as fused
+
+    monkeypatch.setattr(fused, "bank_alignment", lambda device: 3 * fused.BANK_ALIGNMENT)  # zeros between tensors
+    saved.clear()
+    padded, _ = run(cfgs, synthetic, pretrained, save=save, pack_id="p")
+    monkeypatch.undo()
+    state = load_state(saved[0])
+    assert state["runs"][0]["align"] == 3 * fused.BANK_ALIGNMENT
+    resumed, _ = run(cfgs, synthetic, pretrained, resume=state, pack_id="p")
+    assert [r["train_loss"] for r in resumed] == [r["train_loss"] for r in padded]
+    assert [r["weight_distance"] for r in resumed] == [r["weight_distance"] for r in padded]
 
 
 def test_parts_of_a_pack_make_the_same_pack(quiet, synthetic):

@@ -88,6 +88,14 @@ OOM_ABOVE = "REINIT_SWEEP_OOM_ABOVE"
 CUDA_GRAPHS = "REINIT_SWEEP_CUDA_GRAPHS"
 # bmm with out_dtype (torch 2.8 on, CUDA): a bf16 product written as float32.
 FLOAT32_OUT_BMM = "dtype_out" in torch.ops.aten.bmm.overloads()
+# On GPUs each stacked tensor of bank 1 starts, and each trial's row is as long as, a multiple of this many
+# elements (zeros between: Layout.of), so that every trial's views are 256-byte aligned (128 in bf16) and a
+# row's length a multiple of 4. CUDA's vectorized multi-tensor kernels (the clipping multiply over each trial's
+# row, AdamW over a bank) need both, and cuBLAS picks its fastest kernels for aligned batch strides. Unpadded,
+# a BERT-base row of bank 1 is 86,042,882 floats: no trial's row met the second and odd trials' not the first.
+# CPUs keep rows unpadded: padding changes the rounding of a few ops there (by about 1e-6), and a CPU pack gives
+# the bits it always gave.
+BANK_ALIGNMENT = 64
 # The ACCUMULATED tensors' gradients are views of the gradient bank, strided over the pack on purpose; autograd
 # adds into them in place and warns that a strided gradient "may impair performance" (they are small).
 LAYOUT_WARNING = "grad and param do not obey the gradient layout contract"
@@ -161,17 +169,22 @@ class Layout:
     places: dict[str, tuple[int, int]]
     widths: tuple[int, int]  # elements of one trial in bank 0 and bank 1
     accumulated: int  # bank 1's leading elements: the ACCUMULATED tensors
+    align: int = 1  # of bank 1's tensors and rows, in elements (BANK_ALIGNMENT on GPUs)
 
     @classmethod
-    def of(cls, model: torch.nn.Module) -> "Layout":
+    def of(cls, model: torch.nn.Module, align: int = 1) -> "Layout":
+        """In bank 1 every tensor starts, and every row is as long as, a multiple of `align` elements (zeros
+        between). Bank 0 is the word table alone, [P, V, H] whole (RowGradient's rows), as it comes."""
         named = hf_parameters(model)
         shapes = {n: (sum(p.shape[0] for p in ps), *ps[0].shape[1:]) for n, ps in named.items()}
+        padded = lambda n: -(-n // align) * align  # noqa: E731
         places, widths = {"word": (0, 0)}, [math.prod(shapes["word"]), 0]
         leading = [n for n in named if kind(n) in ACCUMULATED]
         for name in leading + [n for n in named if n != "word" and kind(n) not in ACCUMULATED]:
             places[name] = (1, widths[1])
-            widths[1] += math.prod(shapes[name])
-        return cls(shapes, places, tuple(widths), sum(math.prod(shapes[n]) for n in leading))
+            widths[1] = padded(widths[1] + math.prod(shapes[name]))
+        accumulated = max((places[n][1] + math.prod(shapes[n]) for n in leading), default=0)
+        return cls(shapes, places, tuple(widths), accumulated, align)
 
     def view(self, banks, name: str) -> torch.Tensor:
         """Tensor `name` in `banks` ([P, D] each: [P, *shape]; one trial's rows [D]: [*shape])."""
@@ -262,7 +275,7 @@ def set_up_trial(cfg: FinetuneConfig, data: TokenizedTask, pretrained: Pretraine
 def pretrained_rows(layout: Layout, template: torch.nn.Module, pretrained: Pretrained) -> list[torch.Tensor]:
     """One trial's rows of the banks holding the pretrained weights (zeros where the checkpoint has none):
     laid out once per pack."""
-    rows = [torch.empty(width) for width in layout.widths]
+    rows = [torch.zeros(width) for width in layout.widths]  # the padding between tensors stays zero
     state = encoder_state(template.base_model, pretrained)
     key = {id(p): name for name, p in template.base_model.named_parameters()}
     for name, params in hf_parameters(template).items():
@@ -324,15 +337,21 @@ class StartWeights:
         return [*self.pretrained.values(), *(w for own in self.own.values() for w in own.values())]
 
 
+def bank_alignment(device) -> int:
+    """The Layout's alignment for a pack that trains on `device` (BANK_ALIGNMENT on GPUs)."""
+    return BANK_ALIGNMENT if torch.device(device).type == "cuda" else 1
+
+
 def set_up_pack(cfgs: list[FinetuneConfig], data: TokenizedTask, pretrained: Pretrained, device,
-                workers: int | None = None, staged: bool | None = None
+                workers: int | None = None, staged: bool | None = None, align: int | None = None
                 ) -> tuple[Layout, list[TrialSetup], list[torch.Tensor], StartWeights]:
     """(layout, setups, banks [P, D] on `device`, their start weights): every trial set up as `finetune` would,
     `workers` trials at a time in threads (default: the CPU threads torch uses). On a CPU each trial is drawn in
     place in its row of the banks; on a GPU (`staged`) into a host copy of the pretrained rows, then copied
-    over. The start weights are taken from the host rows (no copy back from a GPU)."""
+    over. The start weights are taken from the host rows (no copy back from a GPU). `align`: the layout's
+    (default: bank_alignment(device); a pack set up in host memory for a GPU gives the GPU's)."""
     template = classifier_skeleton(pretrained, data.num_labels)
-    layout = Layout.of(template)
+    layout = Layout.of(template, bank_alignment(device) if align is None else align)
     source = pretrained_rows(layout, template, pretrained)
     start = StartWeights.of(layout, source)
     banks = [torch.empty((len(cfgs), width), device=device) for width in layout.widths]
@@ -909,7 +928,7 @@ def runs(layout: Layout, bank: int, hyper: dict[str, tuple[float, float]]) -> li
     for name in layout.names(bank):
         begin = layout.places[name][1]
         end = begin + math.prod(layout.shapes[name])
-        if found and found[-1][0] == hyper[name] and found[-1][2] == begin:
+        if found and found[-1][0] == hyper[name]:  # over the zeros between them, which AdamW leaves zero
             found[-1] = (hyper[name], found[-1][1], end)
         else:
             found.append((hyper[name], begin, end))
@@ -1415,8 +1434,8 @@ class PackParts:
             clipped=[self.clipped[i] for i in members])
 
     @classmethod
-    def set_up(cls, cfgs, data, pretrained, device, workers: int | None = None) -> "PackParts":
-        return cls(*set_up_pack(cfgs, data, pretrained, device, workers))
+    def set_up(cls, cfgs, data, pretrained, device, workers: int | None = None, align: int | None = None) -> "PackParts":
+        return cls(*set_up_pack(cfgs, data, pretrained, device, workers, align=align))
 
 
 # --- training a pack to the end ----------------------------------------------------------------------------
@@ -1459,10 +1478,12 @@ class PackRun:
         self.resumed_from = resumed_from
         self.pending: concurrent.futures.Future | None = None
 
-    def prepare(self, cfgs, data, pretrained, executor: concurrent.futures.Executor) -> None:
-        """Set the members up in the background, in host memory, unless that is done or under way."""
+    def prepare(self, cfgs, data, pretrained, executor: concurrent.futures.Executor, device) -> None:
+        """Set the members up in the background, in host memory (laid out for `device`, where they will train),
+        unless that is done or under way."""
         if self.pack is None and self.parts is None and self.pending is None:
-            self.pending = executor.submit(PackParts.set_up, [cfgs[i] for i in self.members], data, pretrained, "cpu")
+            self.pending = executor.submit(PackParts.set_up, [cfgs[i] for i in self.members], data, pretrained, "cpu",
+                                           align=bank_alignment(device))
 
     def materialize(self, cfgs, data, pretrained) -> Pack:
         if self.pack is None:
@@ -1504,16 +1525,18 @@ class PackRun:
             "active": parts.active, "clipped": parts.clipped, "epoch": position.epoch, "step": position.step,
             "orders": None if position.orders is None else [list(o) for o in position.orders],
             "losses": list(position.losses), "ledgers": ledgers,
+            "align": parts.layout.align,  # the banks' layout, kept wherever the run resumes
         }
 
     @classmethod
-    def from_state(cls, saved: dict, set_up: Callable[[list[int]], PackParts]) -> "PackRun":
-        """A run from its checkpoint entry; `set_up(members)` sets them up again (their start weights and
-        optimizer settings, drawn the same as the first time)."""
+    def from_state(cls, saved: dict, set_up: Callable[[list[int], int], PackParts]) -> "PackRun":
+        """A run from its checkpoint entry; `set_up(members, align)` sets them up again (their start weights and
+        optimizer settings, drawn the same as the first time) in the banks' layout as saved (checkpoints written
+        before layouts were aligned: unpadded), on whatever device this process has."""
         ledgers = [Ledger(**ledger) for ledger in saved["ledgers"]]
         if saved.get("fresh"):
             return cls(list(saved["members"]), ledgers=ledgers)
-        fresh = set_up(list(saved["members"]))
+        fresh = set_up(list(saved["members"]), int(saved.get("align", 1)))
         parts = dataclasses.replace(
             fresh, banks=saved["banks"], exp_avg=saved["exp_avg"], exp_avg_sq=saved["exp_avg_sq"],
             step_count=int(saved["step_count"]), rng_states=saved["rng_states"], active=saved["active"],
@@ -1547,7 +1570,8 @@ def finetune_pack(cfgs: list[FinetuneConfig], data: TokenizedTask, pretrained: P
     results: list[dict] = [{} for _ in cfgs]
     device = pick_device(cfgs[0].gpu_fraction)
     if resume is not None:
-        set_up = lambda members: PackParts.set_up([cfgs[i] for i in members], data, pretrained, device)  # noqa: E731
+        set_up = lambda members, align: PackParts.set_up([cfgs[i] for i in members], data, pretrained, device,  # noqa: E731
+                                                         align=align)
         runs = [PackRun.from_state(saved, set_up) for saved in resume["runs"]]
         finished = {int(i): result for i, result in resume.get("finished", {}).items()}
         for i, result in finished.items():
@@ -1565,7 +1589,7 @@ def finetune_pack(cfgs: list[FinetuneConfig], data: TokenizedTask, pretrained: P
             try:
                 run.materialize(cfgs, data, pretrained)
                 if len(runs) > 1:  # the next group is set up while this one trains
-                    runs[1].prepare(cfgs, data, pretrained, background)
+                    runs[1].prepare(cfgs, data, pretrained, background, device)
                 Trainer(cfgs, data, pretrained, pack_id, started, report, save).train(run, parked=runs[1:],
                                                                                       done=results)
                 out_of_memory = False
