@@ -417,10 +417,30 @@ def test_a_gpu_step_casts_the_weights_once_and_sorts_no_activation_gradients(pre
         pack.step(batches[1], labels[1])
     aten = torch.ops.aten
     bank = pack.banks[1].untyped_storage().data_ptr()
-    casts = [args for f, args in ops.calls if f in (aten._to_copy, aten.copy_)
-             if any(isinstance(a, torch.Tensor) and a.dtype == torch.float32
-                    and a.untyped_storage().data_ptr() == bank for a in args)]
+    reads = lambda args, storages: [a for a in args if isinstance(a, torch.Tensor)  # noqa: E731
+                                    and a.untyped_storage().data_ptr() in storages]
+    casts = [args for f, args in ops.calls if f in (aten._to_copy, aten.copy_) and args[0].dtype == torch.bfloat16
+             and reads(args, {bank})]
     assert len(casts) == 1, f"bank 1 was read by {len(casts)} casts: one a step serves every linear layer"
+    # No elementwise op reads or writes a view of a bank across the pack's trials: at BERT-base's width such a
+    # view spans more than 2**31 bytes at packs of 8 or more, and CUDA splits the op into several kernels. The
+    # small tensors (LayerNorms, the position and token-type tables, the biases) are read from contiguous copies,
+    # one copy in and one out a step (PackEncoder.small); weights go to matrix products, which take any stride.
+    banks = {t.untyped_storage().data_ptr() for t in (*pack.banks, *pack.grads, *pack.exp_avg, *pack.exp_avg_sq,
+                                                      pack.encoder.low)}
+    views = {"view", "_unsafe_view", "slice", "select", "unsqueeze", "transpose", "t", "expand", "as_strided",
+             "alias", "permute", "detach"}
+    spanning = [f for f, args in ops.calls  # index_select: the biases' gather, a kernel of its own, unsplit
+                if f not in (aten.bmm, aten.baddbmm, aten._fused_adamw_, aten.copy_, aten.index_select)
+                and str(f).removeprefix("aten.") not in views
+                and any(a.dim() and a.shape[0] == len(cfgs) and a.stride(0) >= pack.layout.widths[1]
+                        for a in reads(args, banks))]
+    assert spanning == [aten.linalg_vector_norm] * 2, spanning  # the clipping norms: the bank's, the table's
+    copies = [args for f, args in ops.calls if f is aten.copy_ and reads(args[1:], banks)]
+    assert len(copies) == 2, "the cast, and the small tensors' copy"
+    small_grad = pack.small_grad.untyped_storage().data_ptr()
+    assert len([args for f, args in ops.calls if f is aten.copy_ and reads(args[1:], {small_grad})]) == 1
+    assert all(not reads(args[:1], banks) for f, args in ops.calls if f is aten.baddbmm), "biases: contiguous"
     # left: the position and token-type tables, whose repeats carry real gradients
     assert ops.count(aten.index_put) + ops.count(aten.index_put_) + ops.count(aten._index_put_impl_) == 2
     assert ops.count(aten.index_add) >= 2 * LAYERS - 1  # index_select's backward

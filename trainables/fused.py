@@ -723,10 +723,29 @@ class PackEncoder:
         self.eps = float(config.layer_norm_eps)
         self.num_layers = int(config.num_hidden_layers)
         self.act = ACT2FN[config.hidden_act]
+        layout, bank = pack.layout, pack.banks[1]
         # what the linear layers read: in bf16 views of a copy of bank 1 in that dtype (see refresh)
-        self.low = torch.empty_like(pack.banks[1], dtype=torch.bfloat16) if pack.compute.precision == "bf16" else None
-        self.compute_weights = pack.weights if self.low is None else \
-            {n: pack.layout.view([None, self.low], n) for n in pack.layout.shapes if pack.layout.places[n][0] == 1}
+        self.low = torch.empty_like(bank, dtype=torch.bfloat16) if pack.compute.precision == "bf16" else None
+        self.compute_weights = {n: layout.view([None, self.low if self.low is not None else bank], n)
+                                for n in layout.shapes if layout.places[n][0] == 1}
+        # The small tensors are read from contiguous copies, made with the cast: the ACCUMULATED ones (bank 1's
+        # leading columns, in float32: the pack's own views of them, Pack.weights) and the linear layers' biases
+        # (gathered, in the compute dtype). Read as views of a bank, every op on one spans the pack's rows, past
+        # 2**31 bytes at packs of 8 or more of BERT-base, and CUDA splits each such op into several kernels:
+        # about 180 ops a step, the LayerNorms' and the biases'.
+        self.small = bank[:, :layout.accumulated].clone()
+        for name in layout.names(1):
+            if kind(name) in ACCUMULATED:
+                pack.weights[name] = layout.view([None, self.small], name)
+        biases = [n for n in layout.names(1) if n.endswith("_b") and kind(n) not in ACCUMULATED]
+        self.bias_columns = torch.cat([torch.arange(layout.places[n][1], layout.places[n][1] + layout.shapes[n][0])
+                                       for n in biases]).to(bank.device)
+        self.biases = bank.new_empty((len(pack.cfgs), len(self.bias_columns)),
+                                     dtype=(self.low if self.low is not None else bank).dtype)
+        start = 0
+        for name in biases:
+            self.compute_weights[name] = self.biases[:, start:start + layout.shapes[name][0]]
+            start += layout.shapes[name][0]
         self.cast_at: int | None = None
 
     def refresh(self) -> None:
@@ -739,10 +758,14 @@ class PackEncoder:
         cast before its update; a resume, a split or a selection builds a new Pack), and torch's fused AdamW
         leaves tensors' version counters as they were."""
         step = self.pack.optimizer.step_count
-        if self.low is None or self.cast_at == step:
+        if self.cast_at == step:
             return
         with torch.no_grad():
-            self.low.copy_(self.pack.banks[1])
+            bank = self.pack.banks[1]
+            self.small.copy_(bank[:, :self.small.shape[1]])
+            if self.low is not None:
+                self.low.copy_(bank)
+            torch.index_select(self.low if self.low is not None else bank, 1, self.bias_columns, out=self.biases)
         self.cast_at = step
 
     def linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
@@ -1022,6 +1045,7 @@ class Pack:
                                (self.setups[0].n_params, int(config.num_hidden_layers), int(config.hidden_size)))
         self.weights = {n: self.layout.view(self.banks, n) for n in self.layout.shapes}
         self.grads: list[torch.Tensor] | None = None
+        self.small_grad: torch.Tensor | None = None
         self.grad_views: dict[str, torch.Tensor] = {}
         self.grad_rows: list[list[torch.Tensor]] = []
         P, (V, H) = len(cfgs), self.layout.shapes["word"]
@@ -1059,16 +1083,18 @@ class Pack:
         self.grads = [torch.zeros_like(b) for b in self.banks]
         self.grad_views = {n: self.layout.view(self.grads, n) for n in self.layout.shapes}
         self.grad_rows = [[g[p] for g in self.grads] for p in range(len(self))]  # each trial's, for clipping
+        # gathered contiguously, copied into the bank after backward (PackEncoder.small says why)
+        self.small_grad = torch.zeros_like(self.encoder.small)
         for name in self.layout.shapes:
             if kind(name) in ACCUMULATED:
-                leaf = self.layout.view(self.banks, name).requires_grad_(True)
-                leaf.grad = self.grad_views[name]
+                leaf = self.layout.view([None, self.encoder.small], name).requires_grad_(True)
+                leaf.grad = self.layout.view([None, self.small_grad], name)
                 self.weights[name] = leaf
         self.words.bind(self.grads[0].view_as(self.words.table))
 
     def free_gradients(self) -> None:
         """Give the gradient banks back, and the recorded steps that write them; the next step makes them anew."""
-        self.grads, self.grad_views, self.grad_rows = None, {}, []
+        self.grads, self.grad_views, self.grad_rows, self.small_grad = None, {}, [], None
         if self.graphs is not None:
             self.graphs.reset()
         self.words.bind(None)
@@ -1135,7 +1161,7 @@ class Pack:
         count, the learning rates under `read_lr_from_device`), and nothing waits for it: a recording of it
         replays as a step (tests/test_step_graphs.py)."""
         self.make_training_state()
-        self.grads[1][:, :self.layout.accumulated].zero_()
+        self.small_grad.zero_()
         self.dropout.begin(self.optimizer.counter())
         with self.compute.autocast(cache=cache):
             logits = self.encoder(batch, self.dropout).float()
@@ -1147,6 +1173,7 @@ class Pack:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=LAYOUT_WARNING)
             torch.where(finite, losses, 0.0).sum().backward()
+        self.grads[1][:, :self.layout.accumulated].copy_(self.small_grad)
         clipped = clip_per_trial(self, self.max_norms)
         if update:
             self.optimizer.step()
@@ -1217,7 +1244,8 @@ class Pack:
             self.make_training_state(gradients=False)
         tracked = [*self.banks, *(self.grads or []), *self.exp_avg, *self.exp_avg_sq,
                    *[t for t in self.start.tensors() if t.device == self.banks[0].device],
-                   *([self.encoder.low] if self.encoder.low is not None else [])]
+                   *([self.encoder.low] if self.encoder.low is not None else []), self.encoder.small,
+                   self.encoder.biases, *([self.small_grad] if self.small_grad is not None else [])]
         return peak_bytes(run, self.compute.device, tracked)
 
     def parts(self, device="cpu") -> "PackParts":
