@@ -96,8 +96,8 @@ FLOAT32_OUT_BMM = "dtype_out" in torch.ops.aten.bmm.overloads()
 # CPUs keep rows unpadded: padding changes the rounding of a few ops there (by about 1e-6), and a CPU pack gives
 # the bits it always gave.
 BANK_ALIGNMENT = 64
-# The ACCUMULATED tensors' gradients are views of the gradient bank, strided over the pack on purpose; autograd
-# adds into them in place and warns that a strided gradient "may impair performance" (they are small).
+# The ACCUMULATED tensors' gradients are views of one buffer (Pack.small_grad), strided over the pack on purpose;
+# autograd adds into them in place and warns that a strided gradient "may impair performance" (they are small).
 LAYOUT_WARNING = "grad and param do not obey the gradient layout contract"
 
 
@@ -749,11 +749,12 @@ class PackEncoder:
         self.cast_at: int | None = None
 
     def refresh(self) -> None:
-        """The linear layers' weights in the compute dtype, made anew after an update. In bf16 (as autocast
-        casts them) bank 1 is cast in one pass into a copy kept for the pack's life, whose views serve every
-        layer: one contiguous kernel and no new views a step, instead of a strided cast of each weight and
-        bias, which ran at about half the memory's speed on an H100. Its 2 bytes a parameter stand in for the
-        per-layer casts that the backward kept until its end anyway. Keyed on the optimizer's step count: bank
+        """The weights as the step reads them, made anew after an update: the small tensors' contiguous copies
+        (the ACCUMULATED ones and the biases, see __init__), and the linear layers' weights in the compute dtype.
+        In bf16 (as autocast casts them) bank 1 is cast in one pass into a copy kept for the pack's life, whose
+        views serve every layer: one contiguous kernel and no new views a step, instead of a strided cast of each
+        weight and bias, which ran at about half the memory's speed on an H100. Its 2 bytes a parameter stand in
+        for the per-layer casts that the backward kept until its end anyway. Keyed on the optimizer's step count: bank
         1 changes only in PackOptimizer.step, run or replayed (a replay sets `cast_at` to None, as its recording
         cast before its update; a resume, a split or a selection builds a new Pack), and torch's fused AdamW
         leaves tensors' version counters as they were."""
