@@ -86,7 +86,7 @@ def test_bucketed_widths_change_no_number(pretrained, synthetic):
 def test_bank_rows_are_aligned_and_their_padding_changes_no_number(pretrained, synthetic, monkeypatch):
     """Every trial's view of bank 1 starts 256 bytes apart from the bank's start and its row is a multiple of
     64 floats (vectorized CUDA kernels and cuBLAS's fast paths need it; fused.BANK_ALIGNMENT). The zeros between
-    tensors stay zero through training (mixed learning rates, decay, per-layer rates: AdamW runs over them),
+    tensors stay zero through training (of trials that stay finite) (mixed learning rates, decay, per-layer rates: AdamW runs over them),
     and a pack ends with the numbers of the same pack laid out unpadded, as on a CPU, up to rounding."""
     import trainables.fused as fused
 
@@ -99,6 +99,12 @@ def test_bank_rows_are_aligned_and_their_padding_changes_no_number(pretrained, s
     for name in layout.names(1):
         view = layout.view(padded.banks, name)
         assert all((view[p].data_ptr() - bank.data_ptr()) % 256 == 0 for p in range(len(cfgs))), name
+    # AdamW's runs of a trial's row (per-layer rates: several) tile it, each a multiple of 4 long
+    tilings = [fused.runs(layout, 1, setup.hyper) for setup in padded.setups]
+    assert max(map(len, tilings)) > 1
+    for found in tilings:
+        assert found[0][1] == 0 and found[-1][2] == layout.widths[1]
+        assert all(a[2] == b[1] for a, b in zip(found, found[1:])) and all((e - b) % 4 == 0 for _, b, e in found)
     monkeypatch.undo()  # a CPU's layout: unpadded
     plain = as_on_gpu(Pack(cfgs, synthetic, pretrained))
     assert plain.layout.widths[1] == sum(plain.layout.sizes(1))

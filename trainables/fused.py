@@ -89,7 +89,7 @@ CUDA_GRAPHS = "REINIT_SWEEP_CUDA_GRAPHS"
 # bmm with out_dtype (torch 2.8 on, CUDA): a bf16 product written as float32.
 FLOAT32_OUT_BMM = "dtype_out" in torch.ops.aten.bmm.overloads()
 # On GPUs each stacked tensor of bank 1 starts, and each trial's row is as long as, a multiple of this many
-# elements (zeros between: Layout.of), so that every trial's views are 256-byte aligned (128 in bf16) and a
+# elements (zeros between, which stay zero in a trial that stays finite: Layout.of), so that every trial's views are 256-byte aligned (128 in bf16) and a
 # row's length a multiple of 4. CUDA's vectorized multi-tensor kernels (the clipping multiply over each trial's
 # row, AdamW over a bank) need both, and cuBLAS picks its fastest kernels for aligned batch strides. Unpadded,
 # a BERT-base row of bank 1 is 86,042,882 floats: no trial's row met the second and odd trials' not the first.
@@ -614,10 +614,10 @@ class _Linear(torch.autograd.Function):
             torch.sum(grad, 1, out=grad_bias)
         elif grad.is_cuda and FLOAT32_OUT_BMM:
             # bf16 on a GPU: the products' float32 accumulators written straight into the float32 bank, the bias's
-            # as a product with ones. A bank of 34 BERT-base trials is past 2**31 elements, so an elementwise copy
-            # or a reduction into its views is split into several kernels each (about 800 a pack-of-34 step on an
-            # H200, 12 ms); cuBLAS takes the strides whole. The gradients are then not rounded to bf16 on the
-            # way, as autocast's are: a little more exact.
+            # as a product with ones. A view of the bank across the pack spans past 2**31 bytes from a pack of 8
+            # of BERT-base, so an elementwise copy or a reduction into it is split into several kernels each
+            # (about 800 a pack-of-34 step on an H200, 12 ms); cuBLAS takes the strides whole. The gradients are
+            # then not rounded to bf16 on the way, as autocast's are: a little more exact.
             torch.bmm(grad.mT, x, out_dtype=grad_weight.dtype, out=grad_weight)
             ones = grad.new_ones(grad.shape[0], 1, grad.shape[1])
             torch.bmm(ones, grad, out_dtype=grad_bias.dtype, out=grad_bias.unsqueeze(1))
@@ -734,6 +734,8 @@ class PackEncoder:
         # 2**31 bytes at packs of 8 or more of BERT-base, and CUDA splits each such op into several kernels:
         # about 180 ops a step, the LayerNorms' and the biases'.
         self.small = bank[:, :layout.accumulated].clone()
+        # So the pack's own views of these (Pack.weights) are as fresh as the last forward: read the banks
+        # (layout.view) for their values after an update.
         for name in layout.names(1):
             if kind(name) in ACCUMULATED:
                 pack.weights[name] = layout.view([None, self.small], name)
@@ -947,12 +949,15 @@ def write_rows(table: torch.Tensor, rows: torch.Tensor, values: torch.Tensor) ->
 
 def runs(layout: Layout, bank: int, hyper: dict[str, tuple[float, float]]) -> list[tuple[tuple[float, float], int, int]]:
     """(setting, begin, end) of one trial's row of `bank`: its tensors in order, consecutive ones of the same
-    (learning rate, weight decay) merged."""
+    (learning rate, weight decay) merged, each run to the next one's start (the row's end for the last): over
+    the padding between tensors (Layout.of), zeros AdamW leaves zero, so that a run of a padded row keeps its
+    length a multiple of 4, as CUDA's vectorized AdamW needs."""
+    names = layout.names(bank)
     found: list = []
-    for name in layout.names(bank):
+    for i, name in enumerate(names):
         begin = layout.places[name][1]
-        end = begin + math.prod(layout.shapes[name])
-        if found and found[-1][0] == hyper[name]:  # over the zeros between them, which AdamW leaves zero
+        end = layout.places[names[i + 1]][1] if i + 1 < len(names) else layout.widths[bank]
+        if found and found[-1][0] == hyper[name]:
             found[-1] = (hyper[name], found[-1][1], end)
         else:
             found.append((hyper[name], begin, end))
@@ -1314,7 +1319,7 @@ class SideStream:
 def cuda_graphs_problem() -> str | None:
     """What is wrong with the CUDA_GRAPHS setting, if anything (said before a sweep starts, and by a pack)."""
     value = os.environ.get(CUDA_GRAPHS)
-    if value in (None, "0", "1"):
+    if value in (None, "", "0", "1"):  # empty: as if unset
         return None
     return f"{CUDA_GRAPHS}={value!r}: allowed are 1 (steps replayed as CUDA graphs on GPUs, the default) and 0 " \
            "(every step run op by op)"
