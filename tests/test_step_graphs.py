@@ -388,12 +388,15 @@ def test_the_side_stream_runs_between_the_current_streams_work_even_when_a_step_
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_on_a_gpu_replayed_steps_train_as_steps_run_op_by_op(pretrained, synthetic, precision):
+def test_on_a_gpu_replayed_steps_train_as_steps_run_op_by_op(pretrained, synthetic, precision, monkeypatch):
     """The real thing: torch's CUDA graphs on a GPU, against the same steps run op by op with the learning
     rates read from the device too. Not bitwise: CUDA's index_add_ adds a word's repeats in any order."""
     cfgs = [dataclasses.replace(c, precision=precision) for c in CFGS]
-    eager, graphed = Pack(cfgs, synthetic, pretrained, device="cuda"), Pack(cfgs, synthetic, pretrained, device="cuda")
-    graphs = graphed.graphs = StepGraphs(graphed)
+    graphed = Pack(cfgs, synthetic, pretrained, device="cuda")  # graphs: a GPU pack's default
+    monkeypatch.setenv(fused.CUDA_GRAPHS, "0")
+    eager = Pack(cfgs, synthetic, pretrained, device="cuda")
+    graphs = graphed.graphs
+    assert graphs is not None and eager.graphs is None
     eager.optimizer.read_lr_from_device()
     expected, got = torch.stack(epochs(eager, 2)), torch.stack(epochs(graphed, 2))
     assert graphs.recorded and graphs.replays >= len(got) // 3
