@@ -728,17 +728,8 @@ class PackEncoder:
         self.low = torch.empty_like(bank, dtype=torch.bfloat16) if pack.compute.precision == "bf16" else None
         self.compute_weights = {n: layout.view([None, self.low if self.low is not None else bank], n)
                                 for n in layout.shapes if layout.places[n][0] == 1}
-        # The small tensors are read from contiguous copies, made with the cast: the ACCUMULATED ones (bank 1's
-        # leading columns, in float32: the pack's own views of them, Pack.weights) and the linear layers' biases
-        # (gathered, in the compute dtype). Read as views of a bank, every op on one spans the pack's rows, past
-        # 2**31 bytes at packs of 8 or more of BERT-base, and CUDA splits each such op into several kernels:
-        # about 180 ops a step, the LayerNorms' and the biases'.
-        self.small = bank[:, :layout.accumulated].clone()
-        # So the pack's own views of these (Pack.weights) are as fresh as the last forward: read the banks
-        # (layout.view) for their values after an update.
-        for name in layout.names(1):
-            if kind(name) in ACCUMULATED:
-                pack.weights[name] = layout.view([None, self.small], name)
+        # The biases are read from a contiguous copy in the compute dtype, gathered with the cast (Pack.small
+        # says why).
         biases = [n for n in layout.names(1) if n.endswith("_b") and kind(n) not in ACCUMULATED]
         self.bias_columns = torch.cat([torch.arange(layout.places[n][1], layout.places[n][1] + layout.shapes[n][0])
                                        for n in biases]).to(bank.device)
@@ -752,7 +743,7 @@ class PackEncoder:
 
     def refresh(self) -> None:
         """The weights as the step reads them, made anew after an update: the small tensors' contiguous copies
-        (the ACCUMULATED ones and the biases, see __init__), and the linear layers' weights in the compute dtype.
+        (the ACCUMULATED ones, Pack.small, and the biases), and the linear layers' weights in the compute dtype.
         In bf16 (as autocast casts them) bank 1 is cast in one pass into a copy kept for the pack's life, whose
         views serve every layer: one contiguous kernel and no new views a step, instead of a strided cast of each
         weight and bias, which ran at about half the memory's speed on an H100. Its 2 bytes a parameter stand in
@@ -765,7 +756,7 @@ class PackEncoder:
             return
         with torch.no_grad():
             bank = self.pack.banks[1]
-            self.small.copy_(bank[:, :self.small.shape[1]])
+            self.pack.small.copy_(bank[:, :self.pack.small.shape[1]])
             if self.low is not None:
                 self.low.copy_(bank)
             torch.index_select(self.low if self.low is not None else bank, 1, self.bias_columns, out=self.biases)
@@ -1049,7 +1040,15 @@ class Pack:
         self.start = parts.start  # the linear weights after surgery, for weight_distance
         self.compute = Compute(device, cfg.precision, int(config.pad_token_id or 0),
                                (self.setups[0].n_params, int(config.num_hidden_layers), int(config.hidden_size)))
-        self.weights = {n: self.layout.view(self.banks, n) for n in self.layout.shapes}
+        # The small tensors (the ACCUMULATED ones: LayerNorms, the position and token-type tables) are read from a
+        # contiguous float32 copy of bank 1's leading columns, made with the cast (PackEncoder.refresh), and their
+        # gradients gathered in one (small_grad), copied into the gradient bank after backward. Read as views of
+        # a bank, every op on one spans the pack's rows, past 2**31 bytes at packs of 8 or more of BERT-base, and
+        # CUDA splits each such op into several kernels (with the biases', about 180 ops a step). So their
+        # views here are as fresh as the last forward: read the banks for their values after an update.
+        self.small = self.banks[1][:, :self.layout.accumulated].clone()
+        self.weights = {n: self.layout.view([None, self.small] if kind(n) in ACCUMULATED else self.banks, n)
+                        for n in self.layout.shapes}
         self.grads: list[torch.Tensor] | None = None
         self.small_grad: torch.Tensor | None = None
         self.grad_views: dict[str, torch.Tensor] = {}
@@ -1089,13 +1088,10 @@ class Pack:
         self.grads = [torch.zeros_like(b) for b in self.banks]
         self.grad_views = {n: self.layout.view(self.grads, n) for n in self.layout.shapes}
         self.grad_rows = [[g[p] for g in self.grads] for p in range(len(self))]  # each trial's, for clipping
-        # gathered contiguously, copied into the bank after backward (PackEncoder.small says why)
-        self.small_grad = torch.zeros_like(self.encoder.small)
+        self.small_grad = torch.zeros_like(self.small)  # copied into the bank after backward (see self.small)
         for name in self.layout.shapes:
             if kind(name) in ACCUMULATED:
-                leaf = self.layout.view([None, self.encoder.small], name).requires_grad_(True)
-                leaf.grad = self.layout.view([None, self.small_grad], name)
-                self.weights[name] = leaf
+                self.weights[name].requires_grad_(True).grad = self.layout.view([None, self.small_grad], name)
         self.words.bind(self.grads[0].view_as(self.words.table))
 
     def free_gradients(self) -> None:
@@ -1250,7 +1246,7 @@ class Pack:
             self.make_training_state(gradients=False)
         tracked = [*self.banks, *(self.grads or []), *self.exp_avg, *self.exp_avg_sq,
                    *[t for t in self.start.tensors() if t.device == self.banks[0].device],
-                   *([self.encoder.low] if self.encoder.low is not None else []), self.encoder.small,
+                   *([self.encoder.low] if self.encoder.low is not None else []), self.small,
                    self.encoder.biases, *([self.small_grad] if self.small_grad is not None else [])]
         return peak_bytes(run, self.compute.device, tracked)
 
