@@ -417,8 +417,8 @@ def test_gpu_packs_replay_their_steps_unless_told_not_to(monkeypatch):
     assert fused.step_graphs(gpu) == ("graphs of", gpu) and fused.step_graphs(cpu) is None
     monkeypatch.setenv(fused.CUDA_GRAPHS, "0")
     assert fused.step_graphs(gpu) is None
-    for on in ("1", ""):  # empty: as if unset
-        monkeypatch.setenv(fused.CUDA_GRAPHS, on)
+    for value in ("1", ""):  # empty: as if unset
+        monkeypatch.setenv(fused.CUDA_GRAPHS, value)
         assert fused.step_graphs(gpu) == ("graphs of", gpu)
     monkeypatch.setenv(fused.CUDA_GRAPHS, "yes")
     with pytest.raises(ValueError, match=r"REINIT_SWEEP_CUDA_GRAPHS='yes': allowed are 1 .* and 0"):
