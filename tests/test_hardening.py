@@ -38,11 +38,14 @@ def test_unreachable_address_is_refused_before_ray_starts(tiny_bert, tmp_path, c
     assert not any(tmp_path.iterdir())
 
 
-def test_a_bad_cuda_graphs_setting_is_refused_before_any_work(tiny_bert, tmp_path, capsys, monkeypatch):
+def test_bad_gpu_settings_are_refused_before_any_work(tiny_bert, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("REINIT_SWEEP_CUDA_GRAPHS", "off")
+    monkeypatch.setenv("REINIT_SWEEP_TRITON", "triton")
     err = refused(["incremental", "--model", tiny_bert, "--storage", str(tmp_path / "out")], capsys)
     assert "REINIT_SWEEP_CUDA_GRAPHS='off': allowed are 1 (steps replayed as CUDA graphs on GPUs, the default) " \
            "and 0 (every step run op by op)" in err
+    assert "REINIT_SWEEP_TRITON='triton': allowed are 1 (Triton kernels on GPUs for the update and the dropout " \
+           "masks, the default) and 0 (torch's ops alone)" in err
     assert not (tmp_path / "out").exists()
 
 

@@ -60,6 +60,7 @@ from trainables.metrics import chance_figures, compute_metrics
 from trainables.models import (Pretrained, classifier_skeleton, embeddings, encoder_state, init_fresh_parts,
                                layer_stack, mark_loaded, pooler)
 from trainables.tasks import SQUAD_V2
+from trainables.triton_kernels import adamw_clipped, dropout_masks, step_scalars, use_triton
 
 # Model types whose encoder has BERT's layout (post-LayerNorm layers, absolute positions, pooler + linear
 # head); RoBERTa, ELECTRA and XLM-R share most of it but differ in positions or heads: they run unfused.
@@ -514,6 +515,7 @@ class Dropout:
         self.site_keys = self.keys[:, None]
         self._ids: dict[object, tuple[tuple, torch.Tensor]] = {}
         self.every_shape = False  # each shape's coordinates kept, not the last one's (StepGraphs)
+        self.triton = use_triton(torch.device(device))  # the masks made by one kernel (triton_kernels)
         self.begin(0)
 
     def keep_every_shape(self, on: bool) -> None:
@@ -534,12 +536,14 @@ class Dropout:
             cached = self._ids[key] = (shape, make() * GAMMA)
         return cached[1]
 
-    @staticmethod
-    def _masks(groups: torch.Tensor, keys: torch.Tensor, rate: float, dtype, width: int) -> torch.Tensor:
-        """Masks from the hashes of `groups` (ids of 4 elements each along the last axis) under `keys`, the
-        last axis cut to `width`."""
-        lanes = mix64(groups + keys).view(torch.int16)[..., :width]
+    def _masks(self, groups: torch.Tensor, keys: torch.Tensor, rate: float, dtype, width: int) -> torch.Tensor:
+        """Masks from the hashes of `groups` (ids of 4 elements each along the last axis) under `keys` (the
+        leading dimensions, then ones), the last axis cut to `width`."""
         keep = round((1 - rate) * (1 << 16))  # lane values kept, of 2^16; the bound below always fits an int16
+        if self.triton:
+            return dropout_masks(groups, keys.reshape(keys.shape[:keys.dim() - groups.dim()]), keep - (1 << 15) - 1,
+                                 1.0 / (1 - rate) if keep > 0 else 0.0, width, dtype, *MIX)
+        lanes = mix64(groups + keys).view(torch.int16)[..., :width]
         kept = lanes <= keep - (1 << 15) - 1 if keep > 0 else torch.zeros_like(lanes, dtype=torch.bool)
         return (kept * (1.0 / (1 - rate))).to(dtype)
 
@@ -740,6 +744,7 @@ class PackEncoder:
             self.compute_weights[name] = self.biases[:, start:start + layout.shapes[name][0]]
             start += layout.shapes[name][0]
         self.cast_at: int | None = None
+        self.low_at: int | None = None  # the step count at which `low` was last made equal to bank 1
 
     def refresh(self) -> None:
         """The weights as the step reads them, made anew after an update: the small tensors' contiguous copies
@@ -750,15 +755,17 @@ class PackEncoder:
         for the per-layer casts that the backward kept until its end anyway. Keyed on the optimizer's step count: bank
         1 changes only in PackOptimizer.step, run or replayed (a replay sets `cast_at` to None, as its recording
         cast before its update; a resume, a split or a selection builds a new Pack), and torch's fused AdamW
-        leaves tensors' version counters as they were."""
+        leaves tensors' version counters as they were. The update kernel (triton_kernels) writes the cast itself
+        (`low_at`), and then the copy is skipped."""
         step = self.pack.optimizer.step_count
         if self.cast_at == step:
             return
         with torch.no_grad():
             bank = self.pack.banks[1]
             self.pack.small.copy_(bank[:, :self.pack.small.shape[1]])
-            if self.low is not None:
+            if self.low is not None and self.low_at != step:
                 self.low.copy_(bank)
+                self.low_at = step
             torch.index_select(self.low if self.low is not None else bank, 1, self.bias_columns, out=self.biases)
         self.cast_at = step
 
@@ -823,7 +830,12 @@ class PackOptimizer:
     settings, whatever the pack's size, one pass over the weights, gradients and moments (of the word table,
     the rows its trials' data can touch: vocabulary_rows), and the arithmetic of the trials' own optimizers.
     Every trial steps together (a diverged trial goes on stepping its
-    non-finite weights, as it would alone; no report reads them), so one step count serves all."""
+    non-finite weights, as it would alone; no report reads them), so one step count serves all.
+
+    On GPUs (`kernel`) the update is triton_kernels' instead: the same arithmetic with each trial's clipping
+    factor and the bf16 cast in its pass, one launch for each run of columns that every trial shares (one for
+    a whole bank in the paper's grid; a trial's own run where they differ), and one over the word table's
+    rows (`sweeps`)."""
 
     def __init__(self, pack: "Pack"):
         layout, setups = pack.layout, pack.setups
@@ -832,15 +844,23 @@ class PackOptimizer:
             raise ValueError("trials of one pack must share AdamW's betas and eps")
         self.pack, self.betas, self.eps, self.schedule = pack, first.betas, first.eps, first.schedule
         self.groups: dict[tuple[float, float], list[tuple]] = {}
+        self.sweeps: list[tuple] = []  # (setting, bank, first trial, trials, begin, end): the kernel's launches
         self.word_rows = vocabulary_rows(pack)
+        V = layout.shapes["word"][0]  # the trial of each of those rows, for the clipping norms
+        self.word_trials = {lr: torch.div(rows, V, rounding_mode="floor") for lr, rows in (self.word_rows or {}).items()}
         for bank in (0, 1) if self.word_rows is None else (1,):
             rows = [runs(layout, bank, setup.hyper) for setup in setups]
+            if all(r == rows[0] for r in rows):
+                self.sweeps += [(setting, bank, 0, len(rows), begin, end) for setting, begin, end in rows[0]]
+            else:
+                self.sweeps += [(setting, bank, p, 1, begin, end) for p, row in enumerate(rows) for setting, begin, end in row]
             if all(len(r) == 1 for r in rows) and len({r[0][0] for r in rows}) == 1:
                 self.groups.setdefault(rows[0][0][0], []).append((bank, None, 0, layout.widths[bank]))
                 continue
             for p, row in enumerate(rows):
                 for setting, begin, end in row:
                     self.groups.setdefault(setting, []).append((bank, p, begin, end))
+        self.kernel = use_triton(pack.banks[0].device)
         self.steps = torch.zeros((), dtype=torch.float32, device=pack.banks[0].device)
         self.step_count = 0
         self._compact: dict[float, list[torch.Tensor]] = {}
@@ -875,30 +895,54 @@ class PackOptimizer:
         self.step_count = step_count
         self.steps.fill_(step_count)
 
-    def step(self) -> None:
-        pack = self.pack
-        weights, grads = self.views("weights", pack.banks), self.views("grads", pack.grads)
-        exp_avg, exp_avg_sq = self.views("exp_avg", pack.exp_avg), self.views("exp_avg_sq", pack.exp_avg_sq)
+    def step(self, coef: torch.Tensor) -> None:
+        """One update; `coef` [P], each trial's clipping factor, which clip_per_trial applied already unless
+        the kernel applies it here."""
         factor = self.schedule(self.step_count)
         at = self.counter().view(1) if self.lr_tables is not None else None
         rate = (lambda lr: lr * factor) if at is None else (lambda lr: self.lr_tables[lr].index_select(0, at).view(()))  # noqa: E731
         with torch.no_grad():
             self.steps += 1
-            for lr, rows in (self.word_rows or {}).items():
-                H = pack.layout.shapes["word"][-1]
-                tables = [banks[0].view(-1, H) for banks in (pack.banks, pack.grads, pack.exp_avg, pack.exp_avg_sq)]
-                if lr not in self._compact:  # kept: a fresh allocation a step cost more than the copy itself
-                    self._compact[lr] = [tables[0].new_empty((len(rows), H)) for _ in tables]
-                compact = self._compact[lr]
-                for table, part in zip(tables, compact):
-                    torch.index_select(table, 0, rows, out=part)
-                param, grad, m, v = compact
-                self.adamw([param], [grad], [m], [v], rate(lr), 0.0)
-                for table, updated in zip(tables[:1] + tables[2:], (param, m, v)):
-                    write_rows(table, rows, updated)
-            for (lr, decay), params in weights.items():
-                self.adamw(params, grads[lr, decay], exp_avg[lr, decay], exp_avg_sq[lr, decay], rate(lr), decay)
+            if self.kernel:
+                self.kernel_step(coef, rate)
+            else:
+                self.torch_step(rate)
         self.step_count += 1
+
+    def kernel_step(self, coef: torch.Tensor, rate: Callable) -> None:
+        pack, low = self.pack, self.pack.encoder.low
+        scalars = {lr: step_scalars(rate(lr), self.steps, self.betas)
+                   for lr in {lr for (lr, _), *_ in self.sweeps} | set(self.word_rows or {})}
+        banks = (pack.banks, pack.grads, pack.exp_avg, pack.exp_avg_sq)
+        V, H = pack.layout.shapes["word"]
+        for lr, rows in (self.word_rows or {}).items():
+            adamw_clipped(*[b[0].view(-1, H) for b in banks], coef, scalars[lr], *self.betas, self.eps, 0.0,
+                          index=rows, rows_per_trial=V)
+        for (lr, decay), bank, first, count, begin, end in self.sweeps:
+            views = [b[bank][first:first + count, begin:end] for b in banks]
+            adamw_clipped(*views, coef[first:first + count], scalars[lr], *self.betas, self.eps, decay,
+                          low=low[first:first + count, begin:end] if bank == 1 and low is not None else None)
+        if low is not None:  # every column of bank 1 is in a sweep: the cast is made
+            pack.encoder.low_at = self.step_count + 1
+
+    def torch_step(self, rate: Callable) -> None:
+        pack = self.pack
+        weights, grads = self.views("weights", pack.banks), self.views("grads", pack.grads)
+        exp_avg, exp_avg_sq = self.views("exp_avg", pack.exp_avg), self.views("exp_avg_sq", pack.exp_avg_sq)
+        for lr, rows in (self.word_rows or {}).items():
+            H = pack.layout.shapes["word"][-1]
+            tables = [banks[0].view(-1, H) for banks in (pack.banks, pack.grads, pack.exp_avg, pack.exp_avg_sq)]
+            if lr not in self._compact:  # kept: a fresh allocation a step cost more than the copy itself
+                self._compact[lr] = [tables[0].new_empty((len(rows), H)) for _ in tables]
+            compact = self._compact[lr]
+            for table, part in zip(tables, compact):
+                torch.index_select(table, 0, rows, out=part)
+            param, grad, m, v = compact
+            self.adamw([param], [grad], [m], [v], rate(lr), 0.0)
+            for table, updated in zip(tables[:1] + tables[2:], (param, m, v)):
+                write_rows(table, rows, updated)
+        for (lr, decay), params in weights.items():
+            self.adamw(params, grads[lr, decay], exp_avg[lr, decay], exp_avg_sq[lr, decay], rate(lr), decay)
 
     def adamw(self, params, grads, exp_avg, exp_avg_sq, lr: "float | torch.Tensor", decay: float) -> None:
         torch._fused_adamw_(params, grads, exp_avg, exp_avg_sq, [], [self.steps] * len(params), lr=lr,
@@ -963,20 +1007,38 @@ def scale_rows(rows: list[list[torch.Tensor]], coef: torch.Tensor) -> None:
         torch._foreach_mul_(tensors, factor)
 
 
-def clip_per_trial(pack: "Pack", max_norms: torch.Tensor) -> torch.Tensor:
+def word_squared_norms(pack: "Pack") -> torch.Tensor:
+    """[P]: each trial's squared gradient norm over its word table. A GPU's table gradient is dense, but only
+    the rows of the trials' own tokens (vocabulary_rows) can be other than zero: reading those alone reads 7%
+    of it (on an H100, a millisecond of a pack-of-34 step saved). The same sum, in another order."""
+    rows = pack.optimizer.word_rows
+    if pack.words.sparse or rows is None:
+        return pack.words.squared_norms()
+    V, H = pack.layout.shapes["word"]
+    table = pack.grads[0].view(-1, H)
+    norms = torch.zeros(len(pack), dtype=torch.float32, device=table.device)
+    for trials, flat in zip(pack.optimizer.word_trials.values(), rows.values()):
+        norms.index_add_(0, trials, torch.linalg.vector_norm(table.index_select(0, flat), dim=1).pow(2))
+    return norms
+
+
+def clip_per_trial(pack: "Pack", max_norms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Each trial's gradient scaled to at most its max norm (0: not clipped), as clip_grad_norm_ over its own
-    parameters (the word table's through `words`); returns which trials were clipped."""
+    parameters (the word table's through `words`); returns the factors [P] and which trials were clipped. With
+    the update kernel the gradients stay as they are: the update multiplies them as it reads them."""
     grads = pack.grads[1]
-    norms = (torch.linalg.vector_norm(grads, dim=1, dtype=torch.float32).pow(2) + pack.words.squared_norms()).sqrt()
+    norms = (torch.linalg.vector_norm(grads, dim=1, dtype=torch.float32).pow(2) + word_squared_norms(pack)).sqrt()
     coef = torch.where(max_norms > 0, (max_norms / (norms + 1e-6)).clamp(max=1.0), 1.0)
     # A coefficient of exactly 1 changes no gradient: on a CPU, where asking costs nothing, a step with no trial
     # clipped skips the pass over the gradients (1.6 ms of a MiniLM step); a GPU would have to wait to know.
-    if not pack.words.sparse:
+    if pack.optimizer.kernel:
+        pass
+    elif not pack.words.sparse:
         scale_rows(pack.grad_rows, coef)
     elif bool((coef < 1).any()):
         grads.mul_(coef.unsqueeze(1))
         pack.words.scale(coef)
-    return (max_norms > 0) & (norms > max_norms)
+    return coef, (max_norms > 0) & (norms > max_norms)
 
 
 # --- a pack ------------------------------------------------------------------------------------------------
@@ -1176,9 +1238,9 @@ class Pack:
             warnings.filterwarnings("ignore", message=LAYOUT_WARNING)
             torch.where(finite, losses, 0.0).sum().backward()
         self.grads[1][:, :self.layout.accumulated].copy_(self.small_grad)
-        clipped = clip_per_trial(self, self.max_norms)
+        coef, clipped = clip_per_trial(self, self.max_norms)
         if update:
-            self.optimizer.step()
+            self.optimizer.step(coef)
             self.active &= finite
             self.clipped += clipped & self.active
         self.words.clear()  # here, not at the next step's start: a recorded step then zeroes the rows it read
@@ -1397,6 +1459,8 @@ class StepGraphs:
         self.replays += 1
         pack.optimizer.step_count += 1
         pack.encoder.cast_at = None  # the replay cast the weights before its update
+        if pack.optimizer.kernel:  # and its update made the cast anew
+            pack.encoder.low_at = pack.optimizer.step_count
         return recorded.losses.clone()  # before another recording's replay reuses the memory
 
     def give_up(self, cause: str) -> None:
@@ -1413,6 +1477,7 @@ class StepGraphs:
         inputs = {name: getattr(batch, name).clone() for name in GRAPH_INPUTS}
         static, y = dataclasses.replace(batch, **inputs), labels.clone()
         step_count, graph, cached = pack.optimizer.step_count, self.new_graph(), set(pack.dropout._ids)
+        low_at = pack.encoder.low_at
         pack.encoder.cast_at = None  # the recording must hold the weights' cast
         self.recordings += 1
         try:
@@ -1428,6 +1493,7 @@ class StepGraphs:
                                f"Set {CUDA_GRAPHS}=0 to run steps op by op.") from error
         finally:
             pack.optimizer.step_count, pack.encoder.cast_at, pack.words.touched = step_count, None, []
+            pack.encoder.low_at = low_at  # the recording's update ran nothing
         made = set(pack.dropout._ids) - cached
         if made:
             raise RuntimeError(f"a pack-step recorded as a CUDA graph made dropout coordinates for {sorted(made)}, "
