@@ -42,19 +42,23 @@ run)
     "$py" -c "import torch; assert torch.cuda.is_available(), 'torch sees no GPU here'"
     nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv | tee "$out/gpu.txt" || true
     secs="${3:-540}"
-    # The linear layers' gradients written into the float32 bank, checked against float64 (seconds).
-    "$py" benchmarks/gpu_linear_check.py 2>&1 | tee "$out/checks.log" || true
-    if [[ -d .gpu/base && "$secs" -gt 300 ]]; then  # a pack-of-34 step, this tree against the staged BASE, on this card
-        timeout 150 "$py" benchmarks/step_compare.py --trees . .gpu/base --packs 34 --tokenizer .gpu/tok \
-            --data-dir .gpu/glue --out "$out/compare.json" 2>&1 | grep -v '^USDT\|^STAGE' | tee -a "$out/checks.log" || true
-        secs=$((secs - 150))
+    # The Triton kernels against torch's ops: the dropout masks (the same bits) and the update (torch's
+    # clipping multiply, fused AdamW and cast), checked and timed.
+    timeout 80 "$py" benchmarks/gpu_update_check.py 2>&1 | tee "$out/checks.log" || true
+    secs=$((secs - 80))
+    if [[ "$secs" -gt 300 ]]; then  # a pack-of-34 step: this tree, with and without the kernels, on this card
+        trees=(. .,REINIT_SWEEP_TRITON=0)
+        [[ -d .gpu/base ]] && trees+=(.gpu/base)
+        timeout $((80 * ${#trees[@]})) "$py" benchmarks/step_compare.py --trees "${trees[@]}" --packs 34 \
+            --tokenizer .gpu/tok --data-dir .gpu/glue --out "$out/compare.json" 2>&1 \
+            | grep -v '^USDT\|^STAGE' | tee -a "$out/checks.log" || true
+        secs=$((secs - 80 * ${#trees[@]}))
     fi
-    # bf16 as precision: auto runs on GPUs; packs of 1, 8 and what fits, each step profiled replayed as CUDA
-    # graphs (the default) and run op by op (their numbers held against each other), the largest pack trained
-    # whole both ways; two groups as --pack auto runs them; the peer four processes to the card. The JSON is
-    # rewritten as each row lands: a timeout keeps the rows so far.
+    # bf16 as precision: auto runs on GPUs; a pack of 1 trained whole (steps replayed as CUDA graphs, the
+    # default), two groups of what fits as --pack auto runs them (the next set up while one trains), the peer
+    # four processes to the card. The JSON is rewritten as each row lands: a timeout keeps the rows so far.
     timeout "$secs" "$py" benchmarks/fused_bench.py --device cuda --precision bf16 --tokenizer .gpu/tok \
-        --data-dir .gpu/glue --groups 2 --skip-unfused --peer-processes 4 --step-profile --op-by-op \
+        --data-dir .gpu/glue --packs 1 --groups 2 --skip-unfused --peer-processes 4 \
         --out "$out/gpu.json" 2>&1 | tee "$out/gpu.log" || true
     # the kernel tables in one file: a lent machine hands back at most 8
     (cd "$out" && tar czf kernels.tgz kernels_*.txt && rm -f kernels_*.txt) || true

@@ -4,6 +4,8 @@ same card (a lent GPU's minutes are few, and timings compare only on one machine
     mkdir -p .gpu/base && git archive BASE trainables trialrows benchmarks | tar -x -C .gpu/base   # here
     python3 benchmarks/step_compare.py --trees . .gpu/base --packs 34 --tokenizer .gpu/tok --data-dir .gpu/glue
 
+A tree may carry settings for its process: `.,REINIT_SWEEP_TRITON=0` is this tree with that variable set.
+
 Each tree runs in a fresh process of its own, with its own trainables and its own benchmarks/fused_bench.py
 (whose step_profile it calls, steps replayed as CUDA graphs). BERT-base's shape with random weights, the
 paper's SST-2 trials (fused_bench's). Prints one line per tree and pack; --out writes them as JSON.
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -34,7 +37,8 @@ for size in packs:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--trees", nargs="+", required=True, help="source trees (each with trainables/ and benchmarks/)")
+    p.add_argument("--trees", nargs="+", required=True,
+                   help="source trees (each with trainables/ and benchmarks/), each as TREE[,VAR=VALUE...]")
     p.add_argument("--packs", type=int, nargs="+", default=[34])
     p.add_argument("--tokenizer", required=True)
     p.add_argument("--data-dir", required=True)
@@ -42,9 +46,11 @@ def main() -> None:
     args = p.parse_args()
     rows = []
     for n, tree in enumerate(args.trees):
+        path, *settings = tree.split(",")
         table = str(Path(args.out).with_name(f"kernels_tree{n}")) if args.out else ""
-        done = subprocess.run([sys.executable, "-c", ONE, str(Path(tree).resolve()), json.dumps(args.packs),
-                               args.tokenizer, args.data_dir, table], capture_output=True, text=True)
+        done = subprocess.run([sys.executable, "-c", ONE, str(Path(path).resolve()), json.dumps(args.packs),
+                               args.tokenizer, args.data_dir, table], capture_output=True, text=True,
+                              env={**os.environ, **dict(s.split("=", 1) for s in settings)})
         if done.returncode:
             print(f"{tree}: failed\n{done.stderr[-3000:]}", flush=True)
             continue
