@@ -24,9 +24,11 @@ BETAS, EPS = (0.9, 0.999), 1e-8
 def interpreted(monkeypatch):
     """The kernel run by Triton's interpreter, on CPU tensors (the interpreter is chosen when it is made)."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    triton_kernels._update_kernel.cache_clear()
+    for made in (triton_kernels._update_kernel, triton_kernels._mask_kernel):
+        made.cache_clear()
     yield
-    triton_kernels._update_kernel.cache_clear()
+    for made in (triton_kernels._update_kernel, triton_kernels._mask_kernel):
+        made.cache_clear()
 
 
 def torch_update(param, grad, m, v, coef, lr, steps, decay):
@@ -104,6 +106,23 @@ def test_a_pack_updated_by_the_kernel_trains_as_one_updated_by_torch(pretrained,
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+def test_the_word_tables_clipping_norm_over_the_vocabulary_rows_is_the_whole_tables(pretrained, synthetic):
+    """On GPUs the word table's gradient is dense, and its clipping norm reads only the rows the trials' tokens can
+    touch (fused.word_squared_norms): the same sums as over the whole table, two learning rates among them."""
+    cfgs = [dataclasses.replace(MIXED[i], weight_decay=0.0) for i in (0, 3, 7)]
+    pack = as_on_gpu(Pack(cfgs, synthetic, pretrained))
+    batches, labels = pack.plan(pack.orders())
+    pack.step(batches[0], labels[0])
+    rows = pack.optimizer.word_rows
+    assert rows is not None and len(rows) == 2
+    H = pack.layout.shapes["word"][1]
+    table = pack.grads[0].view(-1, H)
+    for flat in rows.values():  # gradients in those rows alone, as a step leaves them
+        table[flat] = torch.randn(len(flat), H, generator=torch.Generator().manual_seed(len(flat)))
+    torch.testing.assert_close(fused.word_squared_norms(pack), pack.words.squared_norms(), rtol=1e-5, atol=0)
+    assert (fused.word_squared_norms(pack) > 0).all()
+
+
 def test_in_bf16_the_kernel_writes_the_cast_and_the_step_makes_none(pretrained, synthetic, interpreted, monkeypatch):
     cfgs = [dataclasses.replace(MIXED[i], precision="bf16") for i in (0, 6)]
     kernel, plain = kernel_and_torch_packs(cfgs, synthetic, pretrained, monkeypatch)
@@ -112,6 +131,8 @@ def test_in_bf16_the_kernel_writes_the_cast_and_the_step_makes_none(pretrained, 
         pack.step(batches[0], labels[0])
     low = kernel.encoder.low
     torch.testing.assert_close(low.float(), kernel.banks[1], rtol=2 ** -7, atol=0)
+    # torch's update writes no cast: a forward (or a recording of one) must make it, whatever it made before
+    assert plain.encoder.low_at is None
     low.zero_()  # so that a cast made by the next forward would show
     kernel.encoder.refresh()
     assert not low.any(), "the update made the cast: refresh makes none"

@@ -744,7 +744,7 @@ class PackEncoder:
             self.compute_weights[name] = self.biases[:, start:start + layout.shapes[name][0]]
             start += layout.shapes[name][0]
         self.cast_at: int | None = None
-        self.low_at: int | None = None  # the step count at which `low` was last made equal to bank 1
+        self.low_at: int | None = None  # the step count at which the update kernel last wrote `low`
 
     def refresh(self) -> None:
         """The weights as the step reads them, made anew after an update: the small tensors' contiguous copies
@@ -763,9 +763,8 @@ class PackEncoder:
         with torch.no_grad():
             bank = self.pack.banks[1]
             self.pack.small.copy_(bank[:, :self.pack.small.shape[1]])
-            if self.low is not None and self.low_at != step:
+            if self.low is not None and self.low_at != step:  # low_at: set by the update kernel alone
                 self.low.copy_(bank)
-                self.low_at = step
             torch.index_select(self.low if self.low is not None else bank, 1, self.bias_columns, out=self.biases)
         self.cast_at = step
 

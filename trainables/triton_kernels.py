@@ -6,8 +6,9 @@ clipping multiply before it (a read and a write of every gradient) and 2.2 ms in
 (docs/benchmarks.md). torch's fused AdamW takes one `grad_scale` a call, and called once a trial with it, it
 ran at half its speed. Here the factor is read per row and the weights are written in bf16 too: 30 bytes a
 parameter a step instead of 46. The arithmetic is torch's fused AdamW's (ATen's fused_adam_utils.cuh, ADAMW
-mode), in float32, on the gradient times the factor, as clip_grad_norm_ then AdamW would compute it; the
-gradient bank keeps the unscaled gradient.
+mode), in float32, on the gradient times the factor, as clip_grad_norm_ then AdamW would compute it, within an
+ulp of it (torch's kernel writes the moments' updates as fused multiply-adds); the gradient bank keeps the
+unscaled gradient.
 
 The dropout masks: fused.Dropout's counter-based masks, the same bits, made in one pass that writes only the
 mask. Made with torch's ops, each hash is a dozen int64 passes over a tensor of a quarter of the mask's
