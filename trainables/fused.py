@@ -540,7 +540,7 @@ class Dropout:
         """Masks from the hashes of `groups` (ids of 4 elements each along the last axis) under `keys` (the
         leading dimensions, then ones), the last axis cut to `width`."""
         keep = round((1 - rate) * (1 << 16))  # lane values kept, of 2^16; the bound below always fits an int16
-        if self.triton:
+        if self.triton and groups.numel() // groups.shape[-1] * width < 2**31:  # the kernel's offsets are int32
             return dropout_masks(groups, keys.reshape(keys.shape[:keys.dim() - groups.dim()]), keep - (1 << 15) - 1,
                                  1.0 / (1 - rate) if keep > 0 else 0.0, width, dtype, *MIX)
         lanes = mix64(groups + keys).view(torch.int16)[..., :width]
