@@ -423,3 +423,21 @@ def test_gpu_packs_replay_their_steps_unless_told_not_to(monkeypatch):
     monkeypatch.setenv(fused.CUDA_GRAPHS, "yes")
     with pytest.raises(ValueError, match=r"REINIT_SWEEP_CUDA_GRAPHS='yes': allowed are 1 .* and 0"):
         fused.step_graphs(gpu)
+
+
+def test_with_torchs_update_every_bf16_recording_holds_the_weights_cast(pretrained, synthetic, monkeypatch):
+    """With the Triton kernels off, nothing but the forward's refresh casts bank 1 to bf16, so every recorded
+    step must hold that cast, even one recorded at the step count of a cast made just before (an evaluation
+    between epochs): left out, its replays would read the weights of one update before."""
+    monkeypatch.setenv("REINIT_SWEEP_TRITON", "0")
+    pack = as_on_gpu(Pack([dataclasses.replace(c, precision="bf16") for c in CFGS[:2]], synthetic, pretrained))
+    pack.graphs = StepGraphs(pack, graph=RecordedOps, side=Here())
+    batches, labels = pack.plan(pack.orders())
+    pack.step(batches[0], labels[0])  # a warm-up step, op by op
+    with torch.no_grad():
+        pack.encoder.refresh()  # as an evaluation at this step count would
+    recorded = pack.graphs.record((0,), batches[0], labels[0])
+    low = pack.encoder.low.untyped_storage().data_ptr()
+    casts = [args for func, args, _, _ in recorded.graph.ops
+             if func is torch.ops.aten.copy_.default and args[0].untyped_storage().data_ptr() == low]
+    assert len(casts) == 1

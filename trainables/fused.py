@@ -754,9 +754,10 @@ class PackEncoder:
         weight and bias, which ran at about half the memory's speed on an H100. Its 2 bytes a parameter stand in
         for the per-layer casts that the backward kept until its end anyway. Keyed on the optimizer's step count: bank
         1 changes only in PackOptimizer.step, run or replayed (a replay sets `cast_at` to None, as its recording
-        cast before its update; a resume, a split or a selection builds a new Pack), and torch's fused AdamW
+        refreshed before its update; a resume, a split or a selection builds a new Pack), and torch's fused AdamW
         leaves tensors' version counters as they were. The update kernel (triton_kernels) writes the cast itself
-        (`low_at`), and then the copy is skipped."""
+        and says so in `low_at`, and then the copy is skipped, in a recording too (its replays' updates write
+        it); with torch's update every forward and every recording casts."""
         step = self.pack.optimizer.step_count
         if self.cast_at == step:
             return
