@@ -217,11 +217,10 @@ def environment_problems(sweep: Sweep, dry_run: bool) -> list[str]:
     """Whether the storage can be written, the cluster answers and asked-for GPUs exist. Here the file system
     is only asked (a real run's storage was probed by writing once already, by `execute` before its lock), and
     a dry run counts this machine's GPUs when no cluster is named (a cluster's are known once Ray connects)."""
-    from trainables.fused import cuda_graphs_problem
-    from trainables.triton_kernels import triton_problem
+    from trainables.switches import switch_problems
 
     run = sweep.run
-    problems = address_problems(run.address) + [p for p in [cuda_graphs_problem(), triton_problem()] if p]
+    problems = address_problems(run.address) + switch_problems()
     if storage_shape_problems(run.storage):
         return problems  # refused already (validate): a store that cannot be named is not asked
     problems += storage_access_problems(run.storage)

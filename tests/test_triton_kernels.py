@@ -86,7 +86,7 @@ def kernel_and_torch_packs(cfgs, data, pretrained, monkeypatch):
     plain = as_on_gpu(Pack(cfgs, data, pretrained))
     monkeypatch.setenv(TRITON, "1")
     kernel = as_on_gpu(Pack(cfgs, data, pretrained))
-    assert kernel.optimizer.kernel and not plain.optimizer.kernel
+    assert kernel.triton and not plain.triton
     return kernel, plain
 
 

@@ -59,6 +59,7 @@ from trainables.memory import peak_bytes
 from trainables.metrics import chance_figures, compute_metrics
 from trainables.models import (Pretrained, classifier_skeleton, embeddings, encoder_state, init_fresh_parts,
                                layer_stack, mark_loaded, pooler)
+from trainables.switches import CUDA_GRAPHS, switch_on
 from trainables.tasks import SQUAD_V2
 from trainables.triton_kernels import adamw_clipped, dropout_masks, step_scalars, use_triton
 
@@ -85,8 +86,7 @@ MEMORY_SHARE = 0.9
 OOM_ABOVE = "REINIT_SWEEP_OOM_ABOVE"
 # On GPUs each batch shape's pack-step is recorded as a CUDA graph and replayed (StepGraphs), so that the host
 # issues one launch a step instead of about 1,500: on an H200 a pack-of-1 step took 7.0 ms instead of 28.0, a
-# pack of 8's 25.5 instead of 63.7 (docs/benchmarks.md). "0" runs every step op by op.
-CUDA_GRAPHS = "REINIT_SWEEP_CUDA_GRAPHS"
+# pack of 8's 25.5 instead of 63.7 (docs/benchmarks.md). CUDA_GRAPHS=0 runs every step op by op.
 # bmm with out_dtype (torch 2.8 on, CUDA): a bf16 product written as float32.
 FLOAT32_OUT_BMM = "dtype_out" in torch.ops.aten.bmm.overloads()
 # On GPUs each stacked tensor of bank 1 starts, and each trial's row is as long as, a multiple of this many
@@ -507,7 +507,8 @@ class Dropout:
     device torch runs on). The hidden sites' masks of a whole step (the embeddings' and two a layer, all of one
     shape) are drawn by one hash at the first of them; each attention site and the classifier's draw their own."""
 
-    def __init__(self, seeds, hidden: float, attention: float, classifier: float, num_layers: int, device):
+    def __init__(self, seeds, hidden: float, attention: float, classifier: float, num_layers: int, device,
+                 triton: bool = False):
         self.keys = torch.from_numpy(dropout_keys(seeds)).to(device)
         self.hidden_p, self.attention_p, self.classifier_p = hidden, attention, classifier
         self.hidden_sites = 2 * num_layers + 1  # then num_layers attention sites, then the classifier's
@@ -515,7 +516,7 @@ class Dropout:
         self.site_keys = self.keys[:, None]
         self._ids: dict[object, tuple[tuple, torch.Tensor]] = {}
         self.every_shape = False  # each shape's coordinates kept, not the last one's (StepGraphs)
-        self.triton = use_triton(torch.device(device))  # the masks made by one kernel (triton_kernels)
+        self.triton = triton  # the masks made by one kernel (triton_kernels), the same bits
         self.begin(0)
 
     def keep_every_shape(self, on: bool) -> None:
@@ -832,7 +833,7 @@ class PackOptimizer:
     Every trial steps together (a diverged trial goes on stepping its
     non-finite weights, as it would alone; no report reads them), so one step count serves all.
 
-    On GPUs (`kernel`) the update is triton_kernels' instead: the same arithmetic with each trial's clipping
+    On GPUs (`pack.triton`) the update is triton_kernels' instead: the same arithmetic with each trial's clipping
     factor and the bf16 cast in its pass, one launch for each run of columns that every trial shares (one for
     a whole bank in the paper's grid; a trial's own run where they differ), and one over the word table's
     rows (`sweeps`)."""
@@ -854,13 +855,12 @@ class PackOptimizer:
                 self.sweeps += [(setting, bank, 0, len(rows), begin, end) for setting, begin, end in rows[0]]
             else:
                 self.sweeps += [(setting, bank, p, 1, begin, end) for p, row in enumerate(rows) for setting, begin, end in row]
-            if all(len(r) == 1 for r in rows) and len({r[0][0] for r in rows}) == 1:
-                self.groups.setdefault(rows[0][0][0], []).append((bank, None, 0, layout.widths[bank]))
-                continue
-            for p, row in enumerate(rows):
-                for setting, begin, end in row:
-                    self.groups.setdefault(setting, []).append((bank, p, begin, end))
-        self.kernel = use_triton(pack.banks[0].device)
+        # torch's AdamW takes 1-d tensors: a whole bank flat where one sweep covers it, else each trial's runs
+        for setting, bank, first, count, begin, end in self.sweeps:
+            whole = count == len(setups) and (begin, end) == (0, layout.widths[bank])
+            self.groups.setdefault(setting, []).extend(
+                [(bank, None, 0, end)] if whole else [(bank, p, begin, end) for p in range(first, first + count)])
+        self.rates = {lr for lr, _ in self.groups} | set(self.word_rows or {})
         self.steps = torch.zeros((), dtype=torch.float32, device=pack.banks[0].device)
         self.step_count = 0
         self._compact: dict[float, list[torch.Tensor]] = {}
@@ -877,11 +877,10 @@ class PackOptimizer:
         table holds float64 on CPUs (torch's CPU kernel reads it as a double: the same numbers as a Python
         float) and float32 on GPUs (its CUDA kernel reads a float)."""
         dtype = torch.float64 if self.steps.device.type == "cpu" else torch.float32
-        rates = {lr for lr, _ in self.groups} | set(self.word_rows or {})
         total_steps = schedule_steps(len(self.pack.setups[0].rows), self.pack.cfgs[0])
         # one step beyond the run: an index past a CUDA table's end would be a device-side assert
         self.lr_tables = {lr: torch.tensor([lr * self.schedule(s) for s in range(total_steps + 1)], dtype=dtype,
-                                           device=self.steps.device) for lr in rates}
+                                           device=self.steps.device) for lr in self.rates}
 
     def views(self, what: str, banks: list[torch.Tensor]) -> dict[tuple, list[torch.Tensor]]:
         """Each group's runs in `banks` (the weights, gradients or a moment), made once per set of banks."""
@@ -903,7 +902,7 @@ class PackOptimizer:
         rate = (lambda lr: lr * factor) if at is None else (lambda lr: self.lr_tables[lr].index_select(0, at).view(()))  # noqa: E731
         with torch.no_grad():
             self.steps += 1
-            if self.kernel:
+            if self.pack.triton:
                 self.kernel_step(coef, rate)
             else:
                 self.torch_step(rate)
@@ -911,8 +910,7 @@ class PackOptimizer:
 
     def kernel_step(self, coef: torch.Tensor, rate: Callable) -> None:
         pack, low = self.pack, self.pack.encoder.low
-        scalars = {lr: step_scalars(rate(lr), self.steps, self.betas)
-                   for lr in {lr for (lr, _), *_ in self.sweeps} | set(self.word_rows or {})}
+        scalars = {lr: step_scalars(rate(lr), self.steps, self.betas) for lr in self.rates}
         banks = (pack.banks, pack.grads, pack.exp_avg, pack.exp_avg_sq)
         V, H = pack.layout.shapes["word"]
         for lr, rows in (self.word_rows or {}).items():
@@ -1029,16 +1027,17 @@ def clip_per_trial(pack: "Pack", max_norms: torch.Tensor) -> tuple[torch.Tensor,
     grads = pack.grads[1]
     norms = (torch.linalg.vector_norm(grads, dim=1, dtype=torch.float32).pow(2) + word_squared_norms(pack)).sqrt()
     coef = torch.where(max_norms > 0, (max_norms / (norms + 1e-6)).clamp(max=1.0), 1.0)
+    clipped = (max_norms > 0) & (norms > max_norms)
     # A coefficient of exactly 1 changes no gradient: on a CPU, where asking costs nothing, a step with no trial
     # clipped skips the pass over the gradients (1.6 ms of a MiniLM step); a GPU would have to wait to know.
-    if pack.optimizer.kernel:
-        pass
-    elif not pack.words.sparse:
+    if pack.triton:  # the update multiplies the gradients as it reads them
+        return coef, clipped
+    if not pack.words.sparse:
         scale_rows(pack.grad_rows, coef)
     elif bool((coef < 1).any()):
         grads.mul_(coef.unsqueeze(1))
         pack.words.scale(coef)
-    return coef, (max_norms > 0) & (norms > max_norms)
+    return coef, clipped
 
 
 # --- a pack ------------------------------------------------------------------------------------------------
@@ -1118,6 +1117,7 @@ class Pack:
         P, (V, H) = len(cfgs), self.layout.shapes["word"]
         # requires_grad: autograd then calls the lookup's backward, which adds into the gradient bank itself
         self.words = RowGradient(self.banks[0].view(P, V, H).requires_grad_(True), None)
+        self.triton = use_triton(device)  # the update and the dropout masks by triton_kernels' (GPUs)
         self.encoder = PackEncoder(self, config)
         self.optimizer = PackOptimizer(self)
         self.optimizer.resume_at(parts.step_count)
@@ -1128,7 +1128,7 @@ class Pack:
             else config.hidden_dropout_prob
         self.dropout = Dropout([c.seed for c in cfgs], float(config.hidden_dropout_prob),
                                float(config.attention_probs_dropout_prob), float(classifier_p),
-                               int(config.num_hidden_layers), device)
+                               int(config.num_hidden_layers), device, self.triton)
         self.max_norms = torch.tensor([c.max_grad_norm for c in cfgs], dtype=torch.float32, device=device)
         self.active = torch.tensor(parts.active, device=device) if parts.active is not None else \
             torch.ones(len(cfgs), dtype=torch.bool, device=device)
@@ -1374,23 +1374,11 @@ class SideStream:
             torch.cuda.set_stream(current)
 
 
-def cuda_graphs_problem() -> str | None:
-    """What is wrong with the CUDA_GRAPHS setting, if anything (said before a sweep starts, and by a pack)."""
-    value = os.environ.get(CUDA_GRAPHS)
-    if value in (None, "", "0", "1"):  # empty: as if unset
-        return None
-    return f"{CUDA_GRAPHS}={value!r}: allowed are 1 (steps replayed as CUDA graphs on GPUs, the default) and 0 " \
-           "(every step run op by op)"
-
-
 def step_graphs(pack: "Pack") -> "StepGraphs | None":
     """A GPU pack's StepGraphs, unless CUDA_GRAPHS is "0": None, its steps run op by op (so on CPUs)."""
     if pack.compute.device.type != "cuda":
         return None
-    problem = cuda_graphs_problem()
-    if problem:
-        raise ValueError(problem)
-    return None if os.environ.get(CUDA_GRAPHS) == "0" else StepGraphs(pack)
+    return StepGraphs(pack) if switch_on(CUDA_GRAPHS) else None
 
 
 class StepGraphs:
@@ -1459,7 +1447,7 @@ class StepGraphs:
         self.replays += 1
         pack.optimizer.step_count += 1
         pack.encoder.cast_at = None  # the replay cast the weights before its update
-        if pack.optimizer.kernel:  # and its update made the cast anew
+        if pack.triton:  # and its update made the cast anew
             pack.encoder.low_at = pack.optimizer.step_count
         return recorded.losses.clone()  # before another recording's replay reuses the memory
 

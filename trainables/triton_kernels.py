@@ -23,28 +23,17 @@ import os
 
 import torch
 
-TRITON = "REINIT_SWEEP_TRITON"
+from trainables.switches import TRITON, switch_on
+
 MAX_BLOCKS = 65535  # CUDA's limit on a grid's second dimension
-
-
-def triton_problem() -> str | None:
-    """What is wrong with the TRITON setting, if anything (said before a sweep starts, and by a pack)."""
-    value = os.environ.get(TRITON)
-    if value in (None, "", "0", "1"):  # empty: as if unset
-        return None
-    return f"{TRITON}={value!r}: allowed are 1 (Triton kernels on GPUs for the update and the dropout masks, " \
-           "the default) and 0 (torch's ops alone)"
 
 
 def use_triton(device: torch.device) -> bool:
     """Whether a pack on `device` runs the kernels: on a GPU unless turned off or Triton is missing; on a CPU
     only under Triton's interpreter."""
-    problem = triton_problem()
-    if problem:
-        raise ValueError(problem)
-    if os.environ.get(TRITON) == "0":
+    if not switch_on(TRITON):
         return False
-    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+    if torch.device(device).type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         return False
     try:
         _update_kernel()
@@ -153,6 +142,13 @@ def _mask_kernel():
     return triton, masks
 
 
+@functools.cache
+def exact_in(value: float, dtype: torch.dtype) -> float:
+    """`value` as torch's ops make a kept mask element (a float32 product cast to dtype): exact in dtype, so
+    the kernel's own cast has nothing to round (Triton's interpreter truncates where a GPU rounds)."""
+    return float(torch.tensor(value, dtype=torch.float32).to(dtype))
+
+
 @torch.library.custom_op("reinit_sweep::dropout_masks", mutates_args=())
 def dropout_masks(groups: torch.Tensor, keys: torch.Tensor, bound: int, scale: float, width: int,
                   dtype: torch.dtype, mix0: int, mix1: int) -> torch.Tensor:
@@ -166,9 +162,7 @@ def dropout_masks(groups: torch.Tensor, keys: torch.Tensor, bound: int, scale: f
     per_key = rows * width
     if out.numel() == 0:
         return out
-    # the kept value as torch's ops make it (a float32 product cast to dtype), exact in dtype: the kernel's own
-    # cast then has nothing to round (Triton's interpreter truncates where a GPU rounds)
-    scale = float(torch.tensor(scale, dtype=torch.float32).to(dtype))
+    scale = exact_in(scale, dtype)
     block = block_for(triton, per_key)
     kernel[(keys.numel(), triton.cdiv(per_key, block))](
         out, groups.contiguous(), keys.contiguous(), per_key, width, lanes_per_row, bound, scale, mix0, mix1,
