@@ -122,7 +122,7 @@ def _mask_kernel():
     import triton.language as tl
 
     @triton.jit
-    def masks(out, groups, keys, per_key, width, lanes_per_row, bound, scale, gamma_mix0, gamma_mix1,
+    def masks(out, groups, keys, per_key, width, lanes_per_row, bound, scale, mix0, mix1,
               low34, low37, low33, BLOCK: tl.constexpr):
         # out[k, j, w] for key k (axis 0) and the element j * width + w of its [J, width] grid (axis 1): lane
         # w % 4 of mix64(groups[j, w // 4] + keys[k]), as fused.Dropout._masks computes it with torch's ops
@@ -131,8 +131,8 @@ def _mask_kernel():
         inside = offsets < per_key
         j, w = offsets // width, offsets % width
         z = tl.load(groups + j * lanes_per_row + w // 4, mask=inside, other=0) + tl.load(keys + k)
-        z = (z ^ ((z >> 30) & low34)) * gamma_mix0
-        z = (z ^ ((z >> 27) & low37)) * gamma_mix1
+        z = (z ^ ((z >> 30) & low34)) * mix0
+        z = (z ^ ((z >> 27) & low37)) * mix1
         z = z ^ ((z >> 31) & low33)
         lane = (z >> ((w % 4) * 16).to(tl.int64)) & 0xFFFF
         lane = tl.where(lane >= 32768, lane - 65536, lane)  # read as int16, as the torch version views it
