@@ -209,9 +209,11 @@ class Phases:
     The next group's set-up, which runs in a background thread while a group trains, is timed apart and not
     synchronized: it overlaps."""
 
+    BUILT = "pack built (banks to the device)"  # its starts divide the wall into groups
+
     WRAPPED = {  # phase: (module[:class], function)
         "set up: trials drawn, their start weights kept": ("trainables.fused", "set_up_pack"),
-        "pack built (banks to the device)": ("trainables.fused:Pack", "__init__"),
+        BUILT: ("trainables.fused:Pack", "__init__"),
         "memory probe": ("trainables.fused:Pack", "peak_memory"),
         "epoch plans (batches moved)": ("trainables.fused:Pack", "plan"),
         "evaluation": ("trainables.fused:Pack", "evaluate"),
@@ -221,6 +223,7 @@ class Phases:
 
     def __init__(self):
         self.seconds: dict[str, float] = {}
+        self.built: list[float] = []  # when each group's pack began to be built (perf_counter)
         self.patches = contextlib.ExitStack()
         self.local = threading.local()  # per thread: the children's seconds of each open phase
 
@@ -234,6 +237,8 @@ class Phases:
                 torch.cuda.synchronize()
             stack.append(0.0)
             tick = time.perf_counter()
+            if phase == self.BUILT and not background:
+                self.built.append(tick)
             try:
                 return original(*args, **kwargs)
             finally:
@@ -261,11 +266,15 @@ class Phases:
     def __exit__(self, *exc) -> None:
         self.patches.close()
 
-    def summary(self, wall: float) -> dict:
-        """Each phase's seconds, and the wall's remainder: the training steps and what no phase covers."""
+    def summary(self, wall: float, end: float) -> dict:
+        """Each phase's seconds, the wall's remainder (the training steps and what no phase covers), and each
+        group's wall from the start of its pack's building to the next's (the last: to `end`), from which the
+        steady cost of a group is read apart from the first's one-time costs."""
         beside = sum(v for k, v in self.seconds.items() if not k.endswith("(background)"))
+        groups = np.diff([*self.built, end]) if self.built else []
         return {**{k: round(v, 2) for k, v in self.seconds.items()},
-                "training steps and the rest": round(wall - beside, 2)}
+                "training steps and the rest": round(wall - beside, 2),
+                "group walls": [round(float(g), 2) for g in groups]}
 
 
 def time_pack(cfgs, data, pretrained, device_size: int | None = None) -> tuple[float, list[float], dict]:
@@ -276,9 +285,10 @@ def time_pack(cfgs, data, pretrained, device_size: int | None = None) -> tuple[f
     with Phases() as phases:
         tick = time.perf_counter()
         rows = finetune_pack(cfgs, data, pretrained, device_size=device_size)
-        wall = time.perf_counter() - tick
-    summary = phases.summary(wall)
-    print("  phases, s: " + "; ".join(f"{k} {v:.2f}" for k, v in summary.items()), flush=True)
+        end = time.perf_counter()
+        wall = end - tick
+    summary = phases.summary(wall, end)
+    print("  phases, s: " + "; ".join(f"{k} {v}" for k, v in summary.items()), flush=True)
     return wall, [r["dev_metric"] for r in rows], summary
 
 
@@ -626,9 +636,15 @@ def compare(args, pretrained, data, peer_model_path: str, device: str, header: d
         pack_row(f"ours, fused pack of {size}, every step op by op", size, Exception, {CUDA_GRAPHS: "0"})
     if grouped:
         wall, accuracy, phases = time_pack(cfgs[:grouped], data, pretrained)
+        # the page-locked buffers the groups came through (torch 2.7 on counts them)
+        host = torch.cuda.host_memory_stats() if hasattr(torch.cuda, "host_memory_stats") else {}
+        pinned = {"pinned_gib_peak": host.get("allocated_bytes.peak", 0) / 2**30,
+                  "pinned_allocations": host.get("num_host_alloc", 0),
+                  "pinned_alloc_seconds": host.get("host_alloc_time.total", 0) / 1e6}
+        print(f"  page-locked host memory: {pinned}", flush=True)
         release_memory()  # the peer's processes share the card next: this process's cached blocks go back
         figures.add(f"ours, --pack auto: {args.groups} groups of {fits}, set up in the background", grouped,
-                    wall, accuracy, phases=phases)
+                    wall, accuracy, phases=phases, **pinned)
     if not gpu:  # --pack auto on CPUs: packs of one, one per core
         at_once = len(os.sched_getaffinity(0))
         figures.add(f"ours, packs of 1, {at_once} side by side", args.trials,

@@ -7,6 +7,10 @@
 #   bash benchmarks/gpu_check.sh stage [BASE]   # here: SST-2 and BERT's uncased tokenizer into .gpu/, and with
 #                                               # a commit BASE its source tree into .gpu/base, to time against
 #   bash benchmarks/gpu_check.sh run OUT [SECS] # on the GPU machine: figures into OUT (default 540 s at most)
+#
+# What `run` does can be narrowed to fit the device time left: UPDATE_CHECK=0 leaves out the kernels' check,
+# TREES=". .gpu/base" picks the trees whose pack-of-34 step is timed (default: this one with and without the
+# kernels, and .gpu/base if staged), PACK_GROUPS=3 trains three groups in the --pack auto row (default 2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -44,11 +48,17 @@ run)
     secs="${3:-540}"
     # The Triton kernels against torch's ops: the dropout masks (the same bits) and the update (torch's
     # clipping multiply, fused AdamW and cast), checked and timed.
-    timeout 80 "$py" benchmarks/gpu_update_check.py 2>&1 | tee "$out/checks.log" || true
-    secs=$((secs - 80))
+    if [[ "${UPDATE_CHECK:-1}" != 0 ]]; then
+        timeout 80 "$py" benchmarks/gpu_update_check.py 2>&1 | tee "$out/checks.log" || true
+        secs=$((secs - 80))
+    fi
     if [[ "$secs" -gt 300 ]]; then  # a pack-of-34 step: this tree, with and without the kernels, on this card
-        trees=(. .,REINIT_SWEEP_TRITON=0)
-        [[ -d .gpu/base ]] && trees+=(.gpu/base)
+        if [[ -n "${TREES:-}" ]]; then
+            read -r -a trees <<<"$TREES"
+        else
+            trees=(. .,REINIT_SWEEP_TRITON=0)
+            [[ -d .gpu/base ]] && trees+=(.gpu/base)
+        fi
         timeout $((80 * ${#trees[@]})) "$py" benchmarks/step_compare.py --trees "${trees[@]}" --packs 34 \
             --tokenizer .gpu/tok --data-dir .gpu/glue --out "$out/compare.json" 2>&1 \
             | grep -v '^USDT\|^STAGE' | tee -a "$out/checks.log" || true
@@ -58,7 +68,7 @@ run)
     # default), two groups of what fits as --pack auto runs them (the next set up while one trains), the peer
     # four processes to the card. The JSON is rewritten as each row lands: a timeout keeps the rows so far.
     timeout "$secs" "$py" benchmarks/fused_bench.py --device cuda --precision bf16 --tokenizer .gpu/tok \
-        --data-dir .gpu/glue --packs 1 --groups 2 --skip-unfused --peer-processes 4 \
+        --data-dir .gpu/glue --packs 1 --groups "${PACK_GROUPS:-2}" --skip-unfused --peer-processes 4 \
         --out "$out/gpu.json" 2>&1 | tee "$out/gpu.log" || true
     # the kernel tables in one file: a lent machine hands back at most 8
     (cd "$out" && tar czf kernels.tgz kernels_*.txt && rm -f kernels_*.txt) || true

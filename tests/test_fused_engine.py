@@ -12,8 +12,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from tests.test_fused import LAYERS, MIXED, trial, without_dropout
 from trainables.ablations import HeadReinit, Permute, Reinit, apply_ablation
 from trainables.finetune import make_optimizer
-from trainables.fused import (OOM_ABOVE, Pack, PackParts, batch_arrays, bucket, finetune_pack, hf_parameters,
-                              set_up_pack)
+from trainables.fused import (BANK_ALIGNMENT, OOM_ABOVE, Pack, PackParts, PackRun, Position, batch_arrays, bucket, finetune_pack,
+                              hf_parameters, host_memory_available, needs_probe, set_up_pack, worth_pinning)
 from trainables.memory import MemoryAccountant
 from trainables.models import build_classifier
 from trainables.state import load_state, save_state
@@ -61,6 +61,11 @@ def test_trials_are_drawn_into_the_banks_exactly_as_finetune_draws_them(pretrain
     assert sum(0 in own for own in start.own.values()) == 2 * 4  # two layers reinitialized, 4 weights each
     picked = start.select([6, 0])
     assert all(torch.equal(picked.stacked(n, 2, "cpu"), layout.view(banks, n)[[6, 0]]) for n in start.pretrained)
+    # a weight every member changed is kept once a member, not beside the checkpoint's as well
+    alone_layout, _, alone_banks, alone_start = set_up_pack([cfgs[0]], synthetic, pretrained, "cpu")
+    owned = [n for n, own in alone_start.own.items() if own]
+    assert owned and not set(owned) & set(alone_start.pretrained)
+    assert all(torch.equal(alone_start.stacked(n, 1, "cpu"), alone_layout.view(alone_banks, n)) for n in owned)
 
 
 def test_build_classifier_draws_only_the_head_and_leaves_the_global_stream_alone(pretrained):
@@ -386,6 +391,35 @@ class Calls(TorchDispatchMode):
 
     def count(self, op) -> int:
         return sum(f is op for f, _ in self.calls)
+
+
+def test_a_gpu_group_is_probed_at_its_start_unless_one_as_large_trained_before_it():
+    gpu, cpu = torch.device("cuda"), torch.device("cpu")
+    fresh = PackRun(list(range(34)))
+    assert needs_probe(gpu, fresh, probed=0) and needs_probe(gpu, fresh, probed=33)
+    assert not needs_probe(gpu, fresh, probed=34) and not needs_probe(cpu, fresh, probed=0)
+    assert needs_probe(gpu, PackRun(list(range(17))), probed=0)
+    resumed = PackRun(list(range(4)), position=Position(epoch=2))
+    assert not needs_probe(gpu, resumed, probed=0)
+
+
+def test_host_copies_are_page_locked_only_where_the_host_can_spare_twice_their_size():
+    available = host_memory_available()
+    assert available > 0  # Linux reports MemAvailable
+    assert worth_pinning(available // 2, available) and not worth_pinning(available // 2 + 1, available)
+    assert not worth_pinning(0, available) and not worth_pinning(1, 0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="page-locked host memory needs CUDA")
+def test_a_group_set_up_for_a_gpu_in_pinned_host_memory_holds_what_a_pageable_one_holds(pretrained, synthetic):
+    cfgs = [MIXED[i] for i in (0, 1, 2)]
+    layout, _, banks, start = set_up_pack(cfgs, synthetic, pretrained, "cpu", align=BANK_ALIGNMENT)
+    _, _, pinned, pinned_start = set_up_pack(cfgs, synthetic, pretrained, "cpu", align=BANK_ALIGNMENT, pin=True)
+    assert all(b.is_pinned() and b.data_ptr() % (4 * BANK_ALIGNMENT) == 0 for b in pinned)
+    assert all(torch.equal(a, b) for a, b in zip(banks, pinned))
+    assert all(w.is_pinned() for own in pinned_start.own.values() for w in own.values())
+    for name in start.own:
+        assert torch.equal(pinned_start.stacked(name, 3, "cuda").cpu(), layout.view(banks, name))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="bmm's float32 output needs a GPU")
