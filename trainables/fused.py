@@ -1720,6 +1720,7 @@ def finetune_pack(cfgs: list[FinetuneConfig], data: TokenizedTask, pretrained: P
         size = device_size or min(len(cfgs), fitting)
         runs = [PackRun(list(range(first, min(first + size, len(cfgs))))) for first in range(0, len(cfgs), size)]
     probed = 0  # the largest group that trained past its memory probe
+    groups = len(runs)
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pack-setup") as background:
         while runs:
             run = runs[0]
@@ -1743,7 +1744,7 @@ def finetune_pack(cfgs: list[FinetuneConfig], data: TokenizedTask, pretrained: P
                 runs.pop(0)
             if runs:  # the pack that ended (finished, or split) gives its memory back before the next is built
                 release_memory(device_cache=False)
-    if device.type == "cuda":  # the page-locked host buffers the groups came through (set_up_pack's `pin`)
+    if device.type == "cuda" and groups > 1:  # the page-locked host buffers the groups came through (`pin`)
         release_memory(host_cache=True)
     return results
 
