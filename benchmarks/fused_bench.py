@@ -205,7 +205,8 @@ class Phases:
     """Wall seconds a fused run spends in each of its phases beside the training steps, taken by wrapping the
     engine's own functions for the duration. A phase's seconds are its own: a phase called inside another
     (a pack set up by its constructor) is taken out of the outer one. A GPU is synchronized at both edges of
-    each main-thread phase, so the phase is charged its own device work and not the steps queued before it.
+    each main-thread phase, so the phase is charged its own device work and not the steps queued before it,
+    but for the epoch plans, made while the steps before them run (their seconds overlap the steps').
     The next group's set-up, which runs in a background thread while a group trains, is timed apart and not
     synchronized: it overlaps."""
 
@@ -227,8 +228,10 @@ class Phases:
         self.patches = contextlib.ExitStack()
         self.local = threading.local()  # per thread: the children's seconds of each open phase
 
+    UNSYNCHRONIZED = {"epoch plans (batches moved)"}  # host work made while the steps before it run (Trainer)
+
     def wrapper(self, phase: str, original):
-        gpu = torch.cuda.is_available()
+        gpu = torch.cuda.is_available() and phase not in self.UNSYNCHRONIZED
 
         def timed(*args, **kwargs):
             background = threading.current_thread().name.startswith("pack-setup")

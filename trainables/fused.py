@@ -1797,14 +1797,22 @@ class Trainer:
         peak_flops(str(pack.compute.device))  # measured (CPU) outside every timed stretch
         eval_flops = pack.compute.flops(data.validation.lengths, train=False)
         P, position = len(pack), run.position
+        ahead, next_orders = None, None  # the next epoch's plan, made while this one's steps run
         while position.epoch <= cfg.epochs:
             tick = time.perf_counter()
             if position.orders is None:
                 position.orders = pack.orders()
-            batches, labels = pack.plan(position.orders, position.step)
+            batches, labels = ahead or pack.plan(position.orders, position.step)
+            ahead = None
             for batch, y in zip(batches, labels):
                 position.losses.append(pack.step(batch, y))
                 position.step += 1
+            if position.epoch < cfg.epochs:
+                # drawn and moved while the device works through the steps just issued (a GPU's host waits
+                # for their losses otherwise); the batch-order streams draw in the same sequence, and a
+                # checkpoint of this epoch's end keeps these orders with the streams' state after them
+                next_orders = pack.orders()
+                ahead = pack.plan(next_orders)
             losses = torch.stack(position.losses).mean(0).cpu().numpy()
             pack.compute.synchronize()
             pack.check_replays()
@@ -1837,7 +1845,7 @@ class Trainer:
                                             diverging[p], distances)
                 reports[run.members[p]] = ledger.result
                 ledger.running = not diverging[p]
-            position.epoch, position.step, position.orders, position.losses = epoch + 1, 0, None, []
+            position.epoch, position.step, position.orders, position.losses = epoch + 1, 0, next_orders, []
             if self.save is not None and not last and any(ledger.running for ledger in run.ledgers):
                 elapsed = time.perf_counter() - self.started
                 self.save({"pack_id": self.pack_id, "runs": [r.state(elapsed) for r in [run, *parked]],
