@@ -27,9 +27,10 @@ def test_the_estimates_arithmetic():
     assert gpu.peak == 312e12 and gpu.mfu == DEFAULT_MFU["gpu"] and gpu.slots == 1 and "stated default" in gpu.source
     # no per-trial actor start on GPUs: the MFU is measured over whole packs, setup and evaluation included
     assert gpu.trial_seconds(312e12) == pytest.approx(1 / DEFAULT_MFU["gpu"])
-    # the paper's grid on an H100 at the default: the 33.9 minutes fused_bench measured (1.04 s a trial, 2 groups)
+    # the paper's grid on an H100 at the default: about the 29.9 minutes projected from fused_bench's three
+    # groups (rounded toward the slower side)
     h100 = rate_for("h100", None, "m", cpus_per_trial=1)
-    assert 1950 * h100.trial_seconds(2.06e13) / 60 == pytest.approx(33.9, abs=1.0)
+    assert 29.9 <= 1950 * h100.trial_seconds(2.06e13) / 60 <= 31.5
     assert device_kind("NVIDIA A100-SXM4-80GB") == "a100" and device_kind("NVIDIA L40S") == "l40s"
     assert device_kind("NVIDIA L4") == "l4" and device_kind("cpu") == "cpu" and device_kind(None) is None
 
@@ -88,7 +89,7 @@ def test_a_dry_run_prints_each_trials_flops_and_the_cost_on_a_named_device(tiny_
             "--epochs", "1", "--storage", str(tmp_path), "--dry-run"]
     assert main([*argv, "--trials", "2", "--estimate-for", "h100"]) == 0
     out = capsys.readouterr().out
-    assert "cost on h100: 989 TFLOP/s, H100's data-sheet dense bf16 peak; MFU 0.02, the stated default" in out
+    assert "cost on h100: 989 TFLOP/s, H100's data-sheet dense bf16 peak; MFU 0.022, the stated default" in out
     assert out.count("incremental-synthetic-n16-") == 4 and "GPU-hours" in out
     assert main([*argv, "--target-ci", "0.05", "--pilot-trials", "2", "--max-trials", "4"]) == 0
     out = capsys.readouterr().out
