@@ -117,6 +117,18 @@ def test_each_trial_of_a_pack_trains_as_it_would_alone(members, quiet, synthetic
         assert by_seed[6]["clipped_steps"] == 6 and by_seed[5]["clipped_steps"] == 0
 
 
+def test_over_three_epochs_a_packs_trials_see_each_epochs_batches_as_they_would_alone(quiet, synthetic, monkeypatch):
+    """The pack draws an epoch's batch orders while the epoch before runs (Trainer); each draw must still be
+    the next of the trial's stream, as `finetune` makes it at the epoch's start. Two epochs cannot tell: a
+    stream left behind by one draw shows in the third epoch's batches."""
+    cfgs = [dataclasses.replace(MIXED[i], epochs=3, eval_every=1) for i in (0, 2)]
+    for got, cfg in zip(finetune_pack(cfgs, synthetic, quiet), cfgs):
+        _, expected = alone(cfg, synthetic, quiet, monkeypatch)
+        assert got["train_loss"] == pytest.approx(expected["train_loss"], rel=2e-4)
+        np.testing.assert_allclose(got["dev_metrics_by_epoch"], expected["dev_metrics_by_epoch"], atol=1e-9)
+        np.testing.assert_allclose(got["weight_distance"], expected["weight_distance"], rtol=1e-3)
+
+
 def test_in_bf16_each_trial_of_a_pack_trains_as_it_would_alone(quiet, synthetic, monkeypatch):
     # bf16 is what GPUs run: the pack casts its weights once per update (PackEncoder.refresh), a lone trial
     # at every use under autocast. A pack that kept its first cast drifts by 8-16% here.

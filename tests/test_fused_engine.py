@@ -12,8 +12,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from tests.test_fused import LAYERS, MIXED, trial, without_dropout
 from trainables.ablations import HeadReinit, Permute, Reinit, apply_ablation
 from trainables.finetune import make_optimizer
-from trainables.fused import (BANK_ALIGNMENT, OOM_ABOVE, Pack, PackParts, PackRun, Position, batch_arrays, bucket, finetune_pack,
-                              hf_parameters, host_memory_available, needs_probe, set_up_pack, worth_pinning)
+from trainables.fused import (BANK_ALIGNMENT, OOM_ABOVE, Pack, PackParts, PackRun, Position, batch_arrays, bucket,
+                              cgroup_headroom, finetune_pack, hf_parameters, host_memory_available, needs_probe,
+                              set_up_pack, worth_pinning)
 from trainables.memory import MemoryAccountant
 from trainables.models import build_classifier
 from trainables.state import load_state, save_state
@@ -212,6 +213,26 @@ def test_an_out_of_memory_pack_splits_and_every_member_ends_as_it_would_have(pre
     assert [sorted(r) for r in reports] == [[0, 1, 2]] * 2 + [[3]] * 2
 
 
+def test_a_pack_out_of_memory_at_its_evaluation_splits_and_its_halves_draw_the_next_epoch_as_it_would_have(
+        pretrained, synthetic, monkeypatch):
+    """The next epoch's batch orders are drawn while an epoch's steps run; an evaluation that fails after them
+    hands the halves the streams as they were before that draw."""
+    cfgs = [dataclasses.replace(c, epochs=2, eval_every=1) for c in (MIXED[0], MIXED[1], MIXED[5], MIXED[6])]
+    whole, _ = run(cfgs, synthetic, pretrained)
+    original, failed = Pack.evaluate, []
+
+    def evaluate(self, split):
+        if len(self) == 4 and not failed:
+            failed.append(True)
+            raise torch.OutOfMemoryError("injected at the first evaluation")
+        return original(self, split)
+
+    monkeypatch.setattr(Pack, "evaluate", evaluate)
+    split, reports = run(cfgs, synthetic, pretrained)
+    assert failed and [sorted(r) for r in reports] == [[0, 1], [0, 1], [2, 3], [2, 3]]
+    same_numbers(split, whole)
+
+
 def test_a_pack_resumed_from_its_checkpoint_ends_with_the_same_numbers(pretrained, synthetic, tmp_path, monkeypatch):
     cfgs = [dataclasses.replace(c, epochs=3, eval_every=1) for c in (MIXED[2], MIXED[3], MIXED[4])]
     saved = []
@@ -408,6 +429,35 @@ def test_host_copies_are_page_locked_only_where_the_host_can_spare_twice_their_s
     assert available > 0  # Linux reports MemAvailable
     assert worth_pinning(available // 2, available) and not worth_pinning(available // 2 + 1, available)
     assert not worth_pinning(0, available) and not worth_pinning(1, 0)
+
+
+def test_a_containers_memory_limit_bounds_what_is_page_locked(tmp_path):
+    v2, v1 = tmp_path / "v2", tmp_path / "v1"
+    (v1 / "memory").mkdir(parents=True), v2.mkdir()
+    (v2 / "memory.max").write_text("1000\n"), (v2 / "memory.current").write_text("300\n")
+    assert cgroup_headroom(str(v2)) == 700
+    (v2 / "memory.max").write_text("max\n")
+    assert cgroup_headroom(str(v2)) is None
+    (v1 / "memory" / "memory.limit_in_bytes").write_text(str(2**63 - 4096))
+    (v1 / "memory" / "memory.usage_in_bytes").write_text("5")
+    assert cgroup_headroom(str(v1)) is None  # v1's "no limit"
+    (v1 / "memory" / "memory.limit_in_bytes").write_text("4")
+    assert cgroup_headroom(str(v1)) == 0 and cgroup_headroom(str(tmp_path)) is None
+    with open("/proc/meminfo") as meminfo:
+        total = next(int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemAvailable:"))
+    assert 0 < host_memory_available() <= total
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="page-locked host memory needs CUDA")
+def test_groups_set_up_in_pinned_host_memory_train_as_pageable_ones_do(pretrained, synthetic, monkeypatch):
+    cfgs = [dataclasses.replace(c, gpu_fraction=1.0) for c in (MIXED[0], MIXED[1], MIXED[5], MIXED[6])]
+    pinned, _ = run(cfgs, synthetic, pretrained, device_size=2)
+    monkeypatch.setattr("trainables.fused.worth_pinning", lambda nbytes, available: False)
+    pageable, _ = run(cfgs, synthetic, pretrained, device_size=2)
+    for a, b in zip(pinned, pageable):  # a GPU's atomic adds may sum in another order: near, not equal
+        assert a["status"] == b["status"] == "ok"
+        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-3)
+        np.testing.assert_allclose(a["weight_distance"], b["weight_distance"], rtol=1e-3)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="page-locked host memory needs CUDA")

@@ -359,15 +359,40 @@ def bank_alignment(device) -> int:
 
 
 def host_memory_available() -> int:
-    """Bytes the kernel says could be given out now without swapping (MemAvailable; 0 where unknown)."""
+    """Bytes the kernel says could be given out now without swapping (MemAvailable; 0 where unknown), within
+    what this process's control group may still take: a container (Ray on Kubernetes) sees the host's
+    /proc/meminfo, but locked pages count against its own limit."""
+    available = 0
     try:
         with open("/proc/meminfo") as meminfo:
             for line in meminfo:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
+                    available = int(line.split()[1]) * 1024
+    except (OSError, ValueError):
         pass
-    return 0
+    headroom = cgroup_headroom()
+    return available if headroom is None else min(available, headroom)
+
+
+UNLIMITED = 1 << 60  # cgroup v1 writes "no limit" as about 2**63
+
+
+def cgroup_headroom(root: str = "/sys/fs/cgroup") -> int | None:
+    """The memory limit less the usage of the control group at `root` (v2's memory.max and memory.current, or
+    v1's memory/memory.limit_in_bytes and usage_in_bytes); None where there is no limit or none is readable."""
+    for limit_file, usage_file in (("memory.max", "memory.current"),
+                                   ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
+        try:
+            with open(os.path.join(root, limit_file)) as f:
+                limit = f.read().strip()
+            with open(os.path.join(root, usage_file)) as f:
+                usage = int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        if limit == "max" or not limit.isdigit() or int(limit) >= UNLIMITED:
+            return None
+        return max(0, int(limit) - usage)
+    return None
 
 
 def worth_pinning(nbytes: int, available: int) -> bool:
@@ -404,7 +429,11 @@ def set_up_pack(cfgs: list[FinetuneConfig], data: TokenizedTask, pretrained: Pre
     start = StartWeights.of(layout, source)
     pin = pin and torch.device(device).type == "cpu" and torch.cuda.is_available() and \
         worth_pinning(4 * len(cfgs) * sum(layout.widths), host_memory_available())
-    banks = empty_banks(len(cfgs), layout.widths, device, pin)
+    try:
+        banks = empty_banks(len(cfgs), layout.widths, device, pin)
+    except RuntimeError as error:  # CUDA would not lock that much (its error is not an OutOfMemoryError)
+        warnings.warn(f"host banks of {len(cfgs)} trials stay pageable: page-locking them failed ({error})")
+        pin, banks = False, empty_banks(len(cfgs), layout.widths, device)
     on_host = banks[0].device.type == "cpu" if staged is None else not staged
     if on_host:
         for bank, row in zip(banks, source):
@@ -424,7 +453,10 @@ def set_up_pack(cfgs: list[FinetuneConfig], data: TokenizedTask, pretrained: Pre
         setups = list(pool.map(one, range(len(cfgs))))
     start.settle(len(cfgs))
     if pin and worth_pinning(start.own_bytes(), host_memory_available()):
-        start.pin()
+        try:
+            start.pin()
+        except RuntimeError as error:  # the start weights stay as they are, pageable
+            warnings.warn(f"start weights stay pageable: page-locking them failed ({error})")
     return layout, setups, banks, start
 
 
@@ -1253,6 +1285,19 @@ class Pack:
         """Each trial's batches of the next epoch, in its own seeded order (draws from its batch-order stream)."""
         return [train_batches(s.rows, self.cfgs[0].batch_size, rng) for s, rng in zip(self.setups, self.rngs)]
 
+    def orders_ahead(self) -> tuple[list[list[np.ndarray]], list[dict]]:
+        """(orders(), the streams' states after drawing them), the streams left as they were until those states
+        are put back (`streams`): work lost before then (an out-of-memory split) draws the same orders again."""
+        before = [rng.bit_generator.state for rng in self.rngs]
+        orders = self.orders()
+        after = [rng.bit_generator.state for rng in self.rngs]
+        self.streams(before)
+        return orders, after
+
+    def streams(self, states: list[dict]) -> None:
+        for rng, state in zip(self.rngs, states):
+            rng.bit_generator.state = state
+
     def plan(self, orders: list[list[np.ndarray]], first_step: int = 0) -> tuple[list[PackBatch], list[torch.Tensor]]:
         """The epoch's batches from `first_step` on, and their labels [P, B], on the device in one move."""
         steps = list(zip(*orders))[first_step:]
@@ -1341,10 +1386,7 @@ class Pack:
         """Bytes this pack holds at its peak: a training step on the longest batch of the next epoch (nothing
         updated) and, with `split`, an evaluation batch of it (GPUs: the allocator's count; CPUs: a
         MemoryAccountant's). The batch-order streams are left as they were."""
-        states = [rng.bit_generator.state for rng in self.rngs]
-        orders = self.orders()
-        for rng, state in zip(self.rngs, states):
-            rng.bit_generator.state = state
+        orders, _ = self.orders_ahead()
         longest = max(range(len(orders[0])), key=lambda t: sum(self.data.train.lengths[o[t]].sum() for o in orders))
         batches, labels = self.plan([[o[longest]] for o in orders])
 
@@ -1594,7 +1636,7 @@ class Ledger:
 @dataclasses.dataclass
 class Position:
     """Where a pack is in its training: the epoch under way (1-based), the steps of it done, its batch orders
-    (drawn when it began) and the losses of those steps [steps, P]."""
+    (drawn while the epoch before ran, or when the first began) and the losses of those steps [steps, P]."""
 
     epoch: int = 1
     step: int = 0
@@ -1721,31 +1763,34 @@ def finetune_pack(cfgs: list[FinetuneConfig], data: TokenizedTask, pretrained: P
         runs = [PackRun(list(range(first, min(first + size, len(cfgs))))) for first in range(0, len(cfgs), size)]
     probed = 0  # the largest group that trained past its memory probe
     groups = len(runs)
-    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pack-setup") as background:
-        while runs:
-            run = runs[0]
-            try:
-                run.materialize(cfgs, data, pretrained)
-                if len(runs) > 1:  # the next group is set up while this one trains
-                    runs[1].prepare(cfgs, data, pretrained, background, device)
-                Trainer(cfgs, data, pretrained, pack_id, started, report, save).train(run, parked=runs[1:],
-                                                                                      done=results, probed=probed)
-                probed = max(probed, len(run.members))
-                out_of_memory = False
-            except torch.OutOfMemoryError:
-                if len(run.members) == 1:
-                    raise
-                out_of_memory = True
-            if out_of_memory:  # out of the handler: the failed step's tensors, held by its traceback, are gone
-                runs[:1] = run.split()
-            else:
-                for i, ledger in zip(run.members, run.ledgers):
-                    results[i] = ledger.result
-                runs.pop(0)
-            if runs:  # the pack that ended (finished, or split) gives its memory back before the next is built
-                release_memory(device_cache=False)
-    if device.type == "cuda" and groups > 1:  # the page-locked host buffers the groups came through (`pin`)
-        release_memory(host_cache=True)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pack-setup") as background:
+            while runs:
+                run = runs[0]
+                try:
+                    run.materialize(cfgs, data, pretrained)
+                    if len(runs) > 1:  # the next group is set up while this one trains
+                        runs[1].prepare(cfgs, data, pretrained, background, device)
+                    trainer = Trainer(cfgs, data, pretrained, pack_id, started, report, save)
+                    trainer.train(run, parked=runs[1:], done=results, probed=probed)
+                    probed = max(probed, len(run.members))
+                    out_of_memory = False
+                except torch.OutOfMemoryError:
+                    if len(run.members) == 1:
+                        raise
+                    out_of_memory = True
+                if out_of_memory:  # out of the handler: the failed step's tensors, held by its traceback, are gone
+                    runs[:1] = run.split()
+                else:
+                    for i, ledger in zip(run.members, run.ledgers):
+                        results[i] = ledger.result
+                    runs.pop(0)
+                if runs:  # the pack that ended (finished, or split) gives its memory back before the next is built
+                    release_memory(device_cache=False)
+    finally:  # the page-locked host buffers the groups came through (`pin`), on an error too
+        if device.type == "cuda" and groups > 1:
+            runs = run = None  # what is left of the groups, an error's traceback aside
+            release_memory(host_cache=True)
     return results
 
 
@@ -1797,7 +1842,7 @@ class Trainer:
         peak_flops(str(pack.compute.device))  # measured (CPU) outside every timed stretch
         eval_flops = pack.compute.flops(data.validation.lengths, train=False)
         P, position = len(pack), run.position
-        ahead, next_orders = None, None  # the next epoch's plan, made while this one's steps run
+        ahead, next_orders, drawn = None, None, None  # the next epoch's plan, made while this one's steps run
         while position.epoch <= cfg.epochs:
             tick = time.perf_counter()
             if position.orders is None:
@@ -1809,9 +1854,9 @@ class Trainer:
                 position.step += 1
             if position.epoch < cfg.epochs:
                 # drawn and moved while the device works through the steps just issued (a GPU's host waits
-                # for their losses otherwise); the batch-order streams draw in the same sequence, and a
-                # checkpoint of this epoch's end keeps these orders with the streams' state after them
-                next_orders = pack.orders()
+                # for their losses otherwise); the streams move past them at the epoch's end, where a
+                # checkpoint keeps these orders with the streams' state after them
+                next_orders, drawn = pack.orders_ahead()
                 ahead = pack.plan(next_orders)
             losses = torch.stack(position.losses).mean(0).cpu().numpy()
             pack.compute.synchronize()
@@ -1846,6 +1891,9 @@ class Trainer:
                 reports[run.members[p]] = ledger.result
                 ledger.running = not diverging[p]
             position.epoch, position.step, position.orders, position.losses = epoch + 1, 0, next_orders, []
+            if drawn is not None:
+                pack.streams(drawn)
+                drawn = None
             if self.save is not None and not last and any(ledger.running for ledger in run.ledgers):
                 elapsed = time.perf_counter() - self.started
                 self.save({"pack_id": self.pack_id, "runs": [r.state(elapsed) for r in [run, *parked]],
