@@ -10,7 +10,8 @@
 #
 # What `run` does can be narrowed to fit the device time left: UPDATE_CHECK=0 leaves out the kernels' check,
 # TREES=". .gpu/base" picks the trees whose pack-of-34 step is timed (default: this one with and without the
-# kernels, and .gpu/base if staged), PACK_GROUPS=3 trains three groups in the --pack auto row (default 2).
+# kernels, and .gpu/base if staged), PACK_GROUPS=3 trains three groups in the --pack auto row (default 2),
+# PACK_GROUP_SIZE=34 makes them groups of 34 on any card (an H200 fits 61: name the device kind as well).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -68,7 +69,8 @@ run)
     # default), two groups of what fits as --pack auto runs them (the next set up while one trains), the peer
     # four processes to the card. The JSON is rewritten as each row lands: a timeout keeps the rows so far.
     timeout "$secs" "$py" benchmarks/fused_bench.py --device cuda --precision bf16 --tokenizer .gpu/tok \
-        --data-dir .gpu/glue --packs 1 --groups "${PACK_GROUPS:-2}" --skip-unfused --peer-processes 4 \
+        --data-dir .gpu/glue --packs 1 --groups "${PACK_GROUPS:-2}" ${PACK_GROUP_SIZE:+--group-size "$PACK_GROUP_SIZE"} \
+        --skip-unfused --peer-processes 4 \
         --out "$out/gpu.json" 2>&1 | tee "$out/gpu.log" || true
     # the kernel tables in one file: a lent machine hands back at most 8
     (cd "$out" && tar czf kernels.tgz kernels_*.txt && rm -f kernels_*.txt) || true
