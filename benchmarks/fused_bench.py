@@ -214,6 +214,7 @@ class Phases:
     synchronized: it overlaps."""
 
     BUILT = "pack built (banks to the device)"  # its starts divide the wall into groups
+    UNSYNCHRONIZED = {"epoch plans (batches moved)"}  # host work made while the steps before it run (Trainer)
 
     WRAPPED = {  # phase: (module[:class], function)
         "set up: trials drawn, their start weights kept": ("trainables.fused", "set_up_pack"),
@@ -230,8 +231,6 @@ class Phases:
         self.built: list[float] = []  # when each group's pack began to be built (perf_counter)
         self.patches = contextlib.ExitStack()
         self.local = threading.local()  # per thread: the children's seconds of each open phase
-
-    UNSYNCHRONIZED = {"epoch plans (batches moved)"}  # host work made while the steps before it run (Trainer)
 
     def wrapper(self, phase: str, original):
         gpu = torch.cuda.is_available() and phase not in self.UNSYNCHRONIZED

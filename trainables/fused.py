@@ -1843,22 +1843,23 @@ class Trainer:
         peak_flops(str(pack.compute.device))  # measured (CPU) outside every timed stretch
         eval_flops = pack.compute.flops(data.validation.lengths, train=False)
         P, position = len(pack), run.position
-        ahead, next_orders, drawn = None, None, None  # the next epoch's plan, made while this one's steps run
+        # the next epoch's orders, the streams' states after drawing them, and its batches on the device
+        ahead: tuple[list, list[dict], tuple] | None = None
         while position.epoch <= cfg.epochs:
             tick = time.perf_counter()
             if position.orders is None:
                 position.orders = pack.orders()
-            batches, labels = ahead or pack.plan(position.orders, position.step)
-            ahead = None
+            batches, labels = ahead[2] if ahead else pack.plan(position.orders, position.step)
             for batch, y in zip(batches, labels):
                 position.losses.append(pack.step(batch, y))
                 position.step += 1
+            ahead = None
             if position.epoch < cfg.epochs:
                 # drawn and moved while the device works through the steps just issued (a GPU's host waits
                 # for their losses otherwise); the streams move past them at the epoch's end, where a
                 # checkpoint keeps these orders with the streams' state after them
-                next_orders, drawn = pack.orders_ahead()
-                ahead = pack.plan(next_orders)
+                orders, streams = pack.orders_ahead()
+                ahead = (orders, streams, pack.plan(orders))
             losses = torch.stack(position.losses).mean(0).cpu().numpy()
             pack.compute.synchronize()
             pack.check_replays()
@@ -1891,10 +1892,10 @@ class Trainer:
                                             diverging[p], distances)
                 reports[run.members[p]] = ledger.result
                 ledger.running = not diverging[p]
-            position.epoch, position.step, position.orders, position.losses = epoch + 1, 0, next_orders, []
-            if drawn is not None:
-                pack.streams(drawn)
-                drawn = None
+            position.epoch, position.step, position.orders, position.losses = epoch + 1, 0, None, []
+            if ahead:
+                position.orders = ahead[0]
+                pack.streams(ahead[1])
             if self.save is not None and not last and any(ledger.running for ledger in run.ledgers):
                 elapsed = time.perf_counter() - self.started
                 self.save({"pack_id": self.pack_id, "runs": [r.state(elapsed) for r in [run, *parked]],
