@@ -947,7 +947,8 @@ class PackOptimizer:
         self.rates = {lr for lr, _ in self.groups} | set(self.word_rows or {})
         self.steps = torch.zeros((), dtype=torch.float32, device=pack.banks[0].device)
         self.step_count = 0
-        self._compact: dict[float, list[torch.Tensor]] = {}
+        self._compact: dict[float, list[torch.Tensor]] = {}  # kept_word_rows
+        self._compact_of: list[torch.Tensor] | None = None  # the moments they were gathered from
         self._views: dict[str, tuple] = {}
         self.lr_tables: dict[float, torch.Tensor] | None = None
 
@@ -1013,18 +1014,38 @@ class PackOptimizer:
         exp_avg, exp_avg_sq = self.views("exp_avg", pack.exp_avg), self.views("exp_avg_sq", pack.exp_avg_sq)
         for lr, rows in (self.word_rows or {}).items():
             H = pack.layout.shapes["word"][-1]
-            tables = [banks[0].view(-1, H) for banks in (pack.banks, pack.grads, pack.exp_avg, pack.exp_avg_sq)]
-            if lr not in self._compact:  # kept: a fresh allocation a step cost more than the copy itself
-                self._compact[lr] = [tables[0].new_empty((len(rows), H)) for _ in tables]
-            compact = self._compact[lr]
-            for table, part in zip(tables, compact):
-                torch.index_select(table, 0, rows, out=part)
-            param, grad, m, v = compact
+            param, grad, m, v = self.kept_word_rows(lr, rows)
+            torch.index_select(pack.grads[0].view(-1, H), 0, rows, out=grad)
             self.adamw([param], [grad], [m], [v], rate(lr), 0.0)
-            for table, updated in zip(tables[:1] + tables[2:], (param, m, v)):
-                write_rows(table, rows, updated)
+            write_rows(pack.banks[0].view(-1, H), rows, param)  # what the next step's lookups read
         for (lr, decay), params in weights.items():
             self.adamw(params, grads[lr, decay], exp_avg[lr, decay], exp_avg_sq[lr, decay], rate(lr), decay)
+
+    def kept_word_rows(self, lr: float, rows: torch.Tensor) -> list[torch.Tensor]:
+        """[weights, gradients, exp_avg, exp_avg_sq] of the word table's `rows` (vocabulary_rows), gathered
+        when the pack's moments are made and kept from step to step. Only the updated weights go back to the
+        table each step (the lookups read it); the moments go back when the pack's state is read
+        (`put_back_word_rows`). On a CPU, gathering four [P * V, H] tables' rows and writing three back took
+        5.3 ms of a MiniLM step (about 2,000 rows spread over 47 MB each), the update itself 0.4 ms."""
+        pack = self.pack
+        if self._compact_of is not pack.exp_avg:  # moments made anew: gather again
+            self._compact, self._compact_of = {}, pack.exp_avg
+        if lr not in self._compact:
+            H = pack.layout.shapes["word"][-1]
+            param, m, v = (bank[0].view(-1, H).index_select(0, rows)
+                           for bank in (pack.banks, pack.exp_avg, pack.exp_avg_sq))
+            self._compact[lr] = [param, torch.empty_like(param), m, v]
+        return self._compact[lr]
+
+    def put_back_word_rows(self) -> None:
+        """The kept moments of the word rows written into the pack's moment tables, which are then whole."""
+        pack = self.pack
+        if self._compact_of is None or self._compact_of is not pack.exp_avg:
+            return
+        H = pack.layout.shapes["word"][-1]
+        for lr, (_, _, m, v) in self._compact.items():
+            write_rows(pack.exp_avg[0].view(-1, H), self.word_rows[lr], m)
+            write_rows(pack.exp_avg_sq[0].view(-1, H), self.word_rows[lr], v)
 
     def adamw(self, params, grads, exp_avg, exp_avg_sq, lr: "float | torch.Tensor", decay: float) -> None:
         torch._fused_adamw_(params, grads, exp_avg, exp_avg_sq, [], [self.steps] * len(params), lr=lr,
@@ -1410,6 +1431,7 @@ class Pack:
         """The pack's state copied to `device` (the host: nothing is allocated on a GPU, which may be out of
         memory), to build packs of its members later; `device` None: the live tensors, no copy (a checkpoint
         writes them out)."""
+        self.optimizer.put_back_word_rows()
         move = (lambda tensors: list(tensors) if tensors else None) if device is None else \
             (lambda tensors: [t.to(device, copy=True) for t in tensors] if tensors else None)  # noqa: E731
         return PackParts(layout=self.layout, setups=list(self.setups), banks=move(self.banks),
