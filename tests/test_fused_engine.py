@@ -3,6 +3,7 @@ them, bucketed batches, memory measured, an out-of-memory split and a checkpoint
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from trainables.ablations import HeadReinit, Permute, Reinit, apply_ablation
 from trainables.finetune import make_optimizer
 from trainables.fused import (BANK_ALIGNMENT, OOM_ABOVE, Pack, PackParts, PackRun, Position, batch_arrays, bucket,
                               cgroup_headroom, finetune_pack, hf_parameters, host_memory_available, needs_probe,
-                              set_up_pack, worth_pinning)
+                              pinned_allocator_settings, register_pinned_pages, set_up_pack, worth_pinning)
 from trainables.memory import MemoryAccountant
 from trainables.models import build_classifier
 from trainables.state import load_state, save_state
@@ -446,6 +447,30 @@ def test_a_containers_memory_limit_bounds_what_is_page_locked(tmp_path):
     assert cgroup_headroom(str(v1)) is None  # v1's "no limit"
     (v1 / "memory" / "memory.limit_in_bytes").write_text("4")
     assert cgroup_headroom(str(v1)) == 0 and cgroup_headroom(str(tmp_path)) is None
+
+
+def test_page_locked_memory_is_registered_unless_the_user_configured_torchs_allocator(monkeypatch):
+    settings = pinned_allocator_settings({}, cores=16)
+    assert settings == "pinned_use_cuda_host_register:True,pinned_num_register_threads:8"
+    threads = lambda cores: int(pinned_allocator_settings({}, cores).rpartition(":")[2])  # noqa: E731
+    assert [threads(c) for c in (1, 2, 4, 6, 12, 17, 64)] == [1, 1, 2, 2, 4, 8, 8]  # powers of two, at most 8
+    assert pinned_allocator_settings({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, 16) is None
+    assert pinned_allocator_settings({"PYTORCH_ALLOC_CONF": "pinned_use_cuda_host_register:False"}, 16) is None
+    assert pinned_allocator_settings({"PYTORCH_ALLOC_CONF": ""}, 16) == settings
+    # applied to this process through torch's own setter, once
+    before = torch._C._accelerator_getAllocatorSettings()
+    for name in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
+        monkeypatch.delenv(name, raising=False)
+    register_pinned_pages.cache_clear()
+    try:
+        register_pinned_pages()
+        assert torch._C._accelerator_getAllocatorSettings() == pinned_allocator_settings({}, os.cpu_count())
+        torch._C._accelerator_setAllocatorSettings(before)
+        register_pinned_pages()  # done already: nothing set again
+        assert torch._C._accelerator_getAllocatorSettings() == before
+    finally:
+        torch._C._accelerator_setAllocatorSettings(before)
+        register_pinned_pages.cache_clear()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="page-locked host memory needs CUDA")
