@@ -380,8 +380,11 @@ def test_a_finished_or_split_pack_is_gone_before_the_next_one_is_built(quiet, sy
 
     def watched(self, *args, **kwargs):
         alive_at_build.append(sum(ref() is not None for ref in built))
+        frozen.append(gc.get_freeze_count())
         original(self, *args, **kwargs)
         built.append(weakref.ref(self))
+
+    frozen: list[int] = []  # what lived before the call is left out of its collections, and only during it
 
     monkeypatch.setattr(Pack, "__init__", watched)
     cfgs = [dataclasses.replace(c, epochs=1) for c in (MIXED[0], MIXED[1], MIXED[5], MIXED[6])]
@@ -391,6 +394,7 @@ def test_a_finished_or_split_pack_is_gone_before_the_next_one_is_built(quiet, sy
     try:
         run(cfgs, synthetic, quiet, device_size=2)  # two groups, one after the other
         grouped = list(alive_at_build)
+        assert len(frozen) == 2 and min(frozen) > 1000 and gc.get_freeze_count() == 0
         gc.collect()  # the last group's pack: its call has ended, and the process moves on (see release_memory)
         built.clear(), alive_at_build.clear()
         monkeypatch.setenv(OOM_ABOVE, "2:1")  # a pack of 4 fails at its second step and splits into two
@@ -400,6 +404,17 @@ def test_a_finished_or_split_pack_is_gone_before_the_next_one_is_built(quiet, sy
             gc.enable()
     assert grouped == [0, 0]
     assert len(built) == 3 and alive_at_build == [0, 0, 0]  # the pack of 4, then each half
+    monkeypatch.setenv(OOM_ABOVE, "0:0")  # a pack of 1 that runs out of memory: the call raises, and unfreezes
+    with pytest.raises(torch.OutOfMemoryError):
+        run(cfgs[:1], synthetic, quiet)
+    assert gc.get_freeze_count() == 0
+    monkeypatch.delenv(OOM_ABOVE)
+    gc.freeze()  # someone else's freeze: the call leaves it as it found it
+    try:
+        run(cfgs[:2], synthetic, quiet, device_size=1)
+        assert gc.get_freeze_count() > 1000  # not undone (some frozen objects were freed as the call went)
+    finally:
+        gc.unfreeze()
 
 
 class Calls(TorchDispatchMode):
