@@ -228,6 +228,7 @@ class Phases:
 
     def __init__(self):
         self.seconds: dict[str, float] = {}
+        self.events: list[tuple[float, str, float]] = []  # (start, phase, own seconds): for each group's share
         self.built: list[float] = []  # when each group's pack began to be built (perf_counter)
         self.patches = contextlib.ExitStack()
         self.local = threading.local()  # per thread: the children's seconds of each open phase
@@ -255,6 +256,7 @@ class Phases:
                     stack[-1] += elapsed
                 key = f"{phase} (background)" if background else phase
                 self.seconds[key] = self.seconds.get(key, 0.0) + own
+                self.events.append((tick, key, own))
 
         return timed
 
@@ -279,7 +281,24 @@ class Phases:
         groups = np.diff([*self.built, end]) if self.built else []
         return {**{k: round(v, 2) for k, v in self.seconds.items()},
                 "training steps and the rest": round(wall - beside, 2),
-                "group walls": [round(float(g), 2) for g in groups]}
+                "group walls": [round(float(g), 2) for g in groups],
+                "by group": self.by_group(groups)}
+
+    def by_group(self, walls) -> list[dict]:
+        """Each group's phases, by when they started: a group's wall runs from its pack's building to the next's
+        (what came before the first building, the call's start, is in none). The steady group's cost is read
+        here, and what the next group's set-up beside it costs (the last group has none beside it)."""
+        shares = [{} for _ in walls]
+        for start, key, own in self.events:
+            g = int(np.searchsorted(self.built, start, side="right")) - 1
+            if 0 <= g < len(shares):
+                shares[g][key] = shares[g].get(key, 0.0) + own
+        rows = []
+        for wall, share in zip(walls, shares):
+            beside = sum(v for k, v in share.items() if not k.endswith("(background)"))
+            rows.append({**{k: round(v, 2) for k, v in share.items()},
+                         "training steps and the rest": round(float(wall) - beside, 2)})
+        return rows
 
 
 def time_pack(cfgs, data, pretrained, device_size: int | None = None) -> tuple[float, list[float], dict]:
@@ -293,7 +312,10 @@ def time_pack(cfgs, data, pretrained, device_size: int | None = None) -> tuple[f
         end = time.perf_counter()
         wall = end - tick
     summary = phases.summary(wall, end)
-    print("  phases, s: " + "; ".join(f"{k} {v}" for k, v in summary.items()), flush=True)
+    print("  phases, s: " + "; ".join(f"{k} {v}" for k, v in summary.items() if k != "by group"), flush=True)
+    if len(summary["by group"]) > 1:
+        for g, share in enumerate(summary["by group"], 1):
+            print(f"    group {g}: " + "; ".join(f"{k} {v}" for k, v in share.items()), flush=True)
     return wall, [r["dev_metric"] for r in rows], summary
 
 
