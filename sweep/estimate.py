@@ -37,10 +37,10 @@ DEVICES = ("cpu", "a10g", "a100", "h100", "h200", "l4", "l40s", "t4", "v100")
 # idle machine: 0.437 over the 8 rows of two sweeps and 0.459 for fused_bench's sweep row (docs/benchmarks.md,
 # "Precision targets and cost estimates", 2026-11-24; 0.33 before, from rows run beside the test suite). GPU: an
 # H100, --pack auto's groups of 34 BERT-base trials (SST-2, 500 examples, 5 epochs, bf16), setup, probe and
-# evaluation included: 0.0226 of the dense bf16 peak for the paper's 1,950 trials, projected from three groups'
-# walls (the first with its one-time costs, then 35.1 and 30.7 s a group: 29.9 minutes), rounded down to 0.022
-# (docs/benchmarks.md, "Page-locked host banks", 2026-11-27; 0.0203 measured over two groups before them,
-# 0.0123 at the code of 2026-11-26 13:30). Batch 8
+# evaluation included: 0.0225 of the dense bf16 peak for the paper's 1,950 trials, projected from three runs of
+# four groups (the first with its one-time costs, 39.9 s; then 31.4 s a group with the next set up beside it; the
+# last 28.5: 30.1 minutes), rounded down to 0.022 (docs/benchmarks.md, "Page-locked pages registered",
+# 2026-11-27; 0.0203 measured over two groups before, 0.0123 at the code of 2026-11-26 13:30). Batch 8
 # of short sentences is bound by memory traffic (AdamW over fp32 master weights, clipping), not by FLOPs; 5% had
 # been assumed before. Unfused trials on a GPU run far lower (0.001-0.002 for a pack of 1 or the Trainer peer
 # there): the default is --pack auto's.
