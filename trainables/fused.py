@@ -1858,10 +1858,11 @@ def release_memory(device_cache: bool = True, host_cache: bool = False) -> None:
     optimizer and gradients hold it), so dropping it frees nothing until Python's cycle collector happens to
     run: on an H100 a finished pack of 34 still held about 56 GiB while the next group was probed and set up,
     which then ran out of memory at a pack of 1. (A collection of all the process's objects costs about 0.3 s on
-    a CPU: a CPU trial's last pack, whose process moves on to other work or ends, is left to the collector.) `device_cache`: the blocks torch's CUDA
-    allocator keeps go back to the driver, for other processes or a reading of the card's free memory; the
-    next group of the same call reuses them instead (the allocator itself frees them and tries again before
-    it reports a lack of memory). `host_cache`: likewise the page-locked host buffers."""
+    a CPU: a CPU trial's last pack, whose process moves on to other work or ends, is left to the collector.)
+    `device_cache`: the blocks torch's CUDA allocator keeps go back to the driver, for other processes or a
+    reading of the card's free memory; the next group of the same call reuses them instead (the allocator
+    itself frees them and tries again before it reports a lack of memory). `host_cache`: likewise the
+    page-locked host buffers."""
     gc.collect()
     if torch.cuda.is_available():
         if device_cache:
