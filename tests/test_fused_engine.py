@@ -487,6 +487,16 @@ def test_page_locked_memory_is_registered_unless_the_user_configured_torchs_allo
         torch._C._accelerator_setAllocatorSettings(before)
         register_pinned_pages.cache_clear()
 
+    def refused(settings):  # a torch without these settings: the pack goes on with CUDA's own allocation
+        raise RuntimeError(f"Unrecognized key '{settings.partition(':')[0]}' in Accelerator allocator config.")
+
+    monkeypatch.setattr(torch._C, "_accelerator_setAllocatorSettings", refused)
+    try:
+        with pytest.warns(UserWarning, match="allocated by CUDA, not registered: torch refused 'pinned_use_cuda"):
+            register_pinned_pages()
+    finally:
+        register_pinned_pages.cache_clear()
+
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="page-locked host memory needs CUDA")
 def test_groups_set_up_in_pinned_host_memory_train_as_pageable_ones_do(pretrained, synthetic, monkeypatch):

@@ -424,9 +424,14 @@ def pinned_allocator_settings(environ: Mapping[str, str], cores: int) -> str | N
 def register_pinned_pages() -> None:
     """Apply pinned_allocator_settings to this process, once; torch reads them at each page-locked allocation."""
     settings = pinned_allocator_settings(os.environ, os.cpu_count() or 1)
-    if settings is not None:  # torch 2.9 on; before it, CUDA's own (deprecated since)
-        setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+    if settings is None:
+        return
+    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)  # torch 2.9 on; before, CUDA's own
+    try:
         (setter or torch.cuda.memory._set_allocator_settings)(settings)
+    except (RuntimeError, AttributeError) as error:  # a torch that takes no such setting: cudaHostAlloc it is
+        warnings.warn(f"page-locked host memory is allocated by CUDA, not registered: torch refused '{settings}' "
+                      f"({error})")
 
 
 def empty_banks(size: int, widths: list[int], device, pin: bool = False) -> list[torch.Tensor]:
