@@ -404,11 +404,23 @@ def test_a_finished_or_split_pack_is_gone_before_the_next_one_is_built(quiet, sy
             gc.enable()
     assert grouped == [0, 0]
     assert len(built) == 3 and alive_at_build == [0, 0, 0]  # the pack of 4, then each half
-    monkeypatch.setenv(OOM_ABOVE, "0:0")  # a pack of 1 that runs out of memory: the call raises, and unfreezes
+    monkeypatch.setenv(OOM_ABOVE, "0:0")  # a group of 1 that runs out of memory: the call raises, and unfreezes
     with pytest.raises(torch.OutOfMemoryError):
-        run(cfgs[:1], synthetic, quiet)
+        run(cfgs[:2], synthetic, quiet, device_size=1)
     assert gc.get_freeze_count() == 0
     monkeypatch.delenv(OOM_ABOVE)
+    # A call of one group leaves its pack to the collector (a CPU trial's process moves on); a later call of
+    # several groups in the same process (a reused trial actor) must not freeze it, nor build beside it.
+    gc.collect()
+    gc.disable()
+    try:
+        built.clear(), alive_at_build.clear()
+        run(cfgs[:1], synthetic, quiet)
+        run(cfgs[:2], synthetic, quiet, device_size=1)
+    finally:
+        if was_enabled:
+            gc.enable()
+    assert alive_at_build == [0, 0, 0]
     gc.freeze()  # someone else's freeze: the call leaves it as it found it
     try:
         run(cfgs[:2], synthetic, quiet, device_size=1)
@@ -472,17 +484,25 @@ def test_page_locked_memory_is_registered_unless_the_user_configured_torchs_allo
     assert pinned_allocator_settings({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, 16) is None
     assert pinned_allocator_settings({"PYTORCH_ALLOC_CONF": "pinned_use_cuda_host_register:False"}, 16) is None
     assert pinned_allocator_settings({"PYTORCH_ALLOC_CONF": ""}, 16) == settings
-    # applied to this process through torch's own setter, once
+    assert pinned_allocator_settings({}, 16, configured="max_split_size_mb:512") is None  # set in-process: kept
+    # applied to this process through torch's own setter, once. (A CPU build keeps the string and nothing
+    # else; on a CUDA build the setting stays on after the test, as it would in a trial process.)
     before = torch._C._accelerator_getAllocatorSettings()
     for name in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
         monkeypatch.delenv(name, raising=False)
-    register_pinned_pages.cache_clear()
     try:
+        torch._C._accelerator_setAllocatorSettings("")
+        register_pinned_pages.cache_clear()
         register_pinned_pages()
-        assert torch._C._accelerator_getAllocatorSettings() == pinned_allocator_settings({}, os.cpu_count())
-        torch._C._accelerator_setAllocatorSettings(before)
+        cores = len(os.sched_getaffinity(0))
+        assert torch._C._accelerator_getAllocatorSettings() == pinned_allocator_settings({}, cores)
+        torch._C._accelerator_setAllocatorSettings("")
         register_pinned_pages()  # done already: nothing set again
-        assert torch._C._accelerator_getAllocatorSettings() == before
+        assert torch._C._accelerator_getAllocatorSettings() == ""
+        torch._C._accelerator_setAllocatorSettings("max_split_size_mb:512")  # someone's own, in-process
+        register_pinned_pages.cache_clear()
+        register_pinned_pages()
+        assert torch._C._accelerator_getAllocatorSettings() == "max_split_size_mb:512"
     finally:
         torch._C._accelerator_setAllocatorSettings(before)
         register_pinned_pages.cache_clear()
@@ -491,6 +511,7 @@ def test_page_locked_memory_is_registered_unless_the_user_configured_torchs_allo
         raise RuntimeError(f"Unrecognized key '{settings.partition(':')[0]}' in Accelerator allocator config.")
 
     monkeypatch.setattr(torch._C, "_accelerator_setAllocatorSettings", refused)
+    monkeypatch.setattr(torch._C, "_accelerator_getAllocatorSettings", lambda: "")
     try:
         with pytest.warns(UserWarning, match="allocated by CUDA, not registered: torch refused 'pinned_use_cuda"):
             register_pinned_pages()

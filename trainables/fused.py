@@ -407,14 +407,15 @@ def worth_pinning(nbytes: int, available: int) -> bool:
 ALLOCATOR_SETTINGS = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")  # torch's: where a user set one, it stands
 
 
-def pinned_allocator_settings(environ: Mapping[str, str], cores: int) -> str | None:
-    """The settings torch's page-locked allocator takes before a pack's host banks are pinned, None where the
-    user configured torch's allocators: pages malloc'ed, touched by up to 8 threads, then registered
+def pinned_allocator_settings(environ: Mapping[str, str], cores: int, configured: str = "") -> str | None:
+    """The settings torch's page-locked allocator takes before a pack's host banks are pinned; None where the
+    user configured torch's allocators, by environment or in this process (`configured`: torch's current
+    settings, which a new setting would replace). Pages malloc'ed, touched by up to 8 threads, then registered
     (cudaHostRegister), instead of one cudaHostAlloc that locks and zeroes a group's 16 GiB under the driver's
-    global lock. Allocated in the background, that lock held up the training thread's CUDA calls: on an H100
-    the first group of 34 took 58.5 s with cudaHostAlloc, 38.9-41.4 with registering, and the page-locked
-    allocations of a call 22.6 s against 5.4-5.7 (docs/benchmarks.md, "Page-locked pages registered")."""
-    if any(environ.get(name) for name in ALLOCATOR_SETTINGS):
+    global lock: allocated in the background, that lock held up the training thread's CUDA calls. On an H100
+    (with the setting given by environment) the first group of 34 took 38.9-41.4 s instead of 58.5, and a call's
+    page-locked allocations 5.4-5.7 s instead of 22.6 (docs/benchmarks.md, "Page-locked pages registered")."""
+    if configured or any(environ.get(name) for name in ALLOCATOR_SETTINGS):
         return None
     threads = 1 << (max(1, min(8, cores // 2)).bit_length() - 1)  # torch takes a power of two
     return f"pinned_use_cuda_host_register:True,pinned_num_register_threads:{threads}"
@@ -422,8 +423,10 @@ def pinned_allocator_settings(environ: Mapping[str, str], cores: int) -> str | N
 
 @functools.cache
 def register_pinned_pages() -> None:
-    """Apply pinned_allocator_settings to this process, once; torch reads them at each page-locked allocation."""
-    settings = pinned_allocator_settings(os.environ, os.cpu_count() or 1)
+    """Apply pinned_allocator_settings to this process, once (finetune_pack calls it from its own thread before
+    the groups are set up); torch reads them at each page-locked allocation."""
+    current = getattr(torch._C, "_accelerator_getAllocatorSettings", str)()
+    settings = pinned_allocator_settings(os.environ, len(os.sched_getaffinity(0)), current)
     if settings is None:
         return
     setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)  # torch 2.9 on; before, CUDA's own
@@ -1819,11 +1822,15 @@ def finetune_pack(cfgs: list[FinetuneConfig], data: TokenizedTask, pretrained: P
         runs = [PackRun(list(range(first, min(first + size, len(cfgs))))) for first in range(0, len(cfgs), size)]
     probed = 0  # the largest group that trained past its memory probe
     groups = len(runs)
-    # What lived before this call (modules, the checkpoint, the data: 400,000 objects) is left out of the
-    # collections between groups, which then scan the groups' own objects: 0.04 s against 0.29 a collection.
-    # (Where something else froze objects already, that freeze is its own to undo: this call leaves it be.)
-    freezing = gc.get_freeze_count() == 0
+    if device.type == "cuda" and groups > 1:  # before the next group's set-up pins its banks in the background
+        register_pinned_pages()
+    # Between groups release_memory collects, so that an ended pack's memory is gone before the next is built.
+    # What lived before the call (modules, checkpoint, data: 400,000 objects) is collected once, then frozen,
+    # and those collections scan the groups' own objects: 0.04 s against 0.29 on a CPU. A call of one group
+    # collects nothing between groups; a freeze made elsewhere is its owner's to undo.
+    freezing = groups > 1 and gc.get_freeze_count() == 0
     if freezing:
+        gc.collect()  # the ended packs of an earlier call in this process (a reused trial actor): frozen, they'd stay
         gc.freeze()
     try:
         with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pack-setup") as background:
@@ -1850,11 +1857,13 @@ def finetune_pack(cfgs: list[FinetuneConfig], data: TokenizedTask, pretrained: P
                 if runs:  # the pack that ended (finished, or split) gives its memory back before the next is built
                     release_memory(device_cache=False)
     finally:  # the page-locked host buffers the groups came through (`pin`), on an error too
-        if freezing:
-            gc.unfreeze()
-        if device.type == "cuda" and groups > 1:
-            runs = run = None  # what is left of the groups, an error's traceback aside
-            release_memory(host_cache=True)
+        try:
+            if device.type == "cuda" and groups > 1:
+                runs = run = None  # what is left of the groups, an error's traceback aside
+                release_memory(host_cache=True)
+        finally:
+            if freezing:
+                gc.unfreeze()
     return results
 
 
