@@ -423,8 +423,8 @@ def pinned_allocator_settings(environ: Mapping[str, str], cores: int, configured
 
 @functools.cache
 def register_pinned_pages() -> None:
-    """Apply pinned_allocator_settings to this process, once (finetune_pack calls it from its own thread before
-    the groups are set up); torch reads them at each page-locked allocation."""
+    """Apply pinned_allocator_settings to this process, once: from finetune_pack's own thread, before the next
+    group's set-up pins its banks in the background. Torch reads them at each page-locked allocation."""
     current = getattr(torch._C, "_accelerator_getAllocatorSettings", str)()
     settings = pinned_allocator_settings(os.environ, len(os.sched_getaffinity(0)), current)
     if settings is None:
@@ -464,8 +464,6 @@ def set_up_pack(cfgs: list[FinetuneConfig], data: TokenizedTask, pretrained: Pre
     start = StartWeights.of(layout, source)
     pin = pin and torch.device(device).type == "cpu" and torch.cuda.is_available() and \
         worth_pinning(4 * len(cfgs) * sum(layout.widths), host_memory_available())
-    if pin:
-        register_pinned_pages()
     try:
         banks = empty_banks(len(cfgs), layout.widths, device, pin)
     except RuntimeError as error:  # CUDA would not lock that much (its error is not an OutOfMemoryError)
@@ -1058,9 +1056,9 @@ class PackOptimizer:
             self.adamw(params, grads[lr, decay], exp_avg[lr, decay], exp_avg_sq[lr, decay], rate(lr), decay)
 
     def kept_word_rows(self, lr: float, rows: torch.Tensor) -> list[torch.Tensor]:
-        """[weights, gradients, exp_avg, exp_avg_sq] of the word table's `rows` (vocabulary_rows), gathered
-        at the first update after the pack's moments are made and kept from step to step. Only the updated weights go back to the
-        table each step (the lookups read it); the moments go back when the pack's state is read
+        """[weights, gradients, exp_avg, exp_avg_sq] of the word table's `rows` (vocabulary_rows), gathered at the
+        first update after the pack's moments are made and kept from step to step. Only the updated weights go
+        back to the table each step (the lookups read it); the moments go back when the pack's state is read
         (`put_back_word_rows`). On a CPU, gathering four [P * V, H] tables' rows and writing three back took
         5.3 ms of a MiniLM step (about 2,000 rows spread over 47 MB each), the update itself 0.4 ms."""
         pack = self.pack
@@ -1190,10 +1188,10 @@ def trials_that_fit(free_bytes: int, parameters: int) -> int:
 
 
 def device_budget(device: torch.device, gpu_fraction: float) -> int | None:
-    """Bytes a pack may take on `device`: a GPU's free memory, within the share of it Ray gave (None: a CPU)."""
+    """Bytes a pack may take on `device`: a GPU's free memory, within the share of it Ray gave (None: a CPU).
+    An ended pack of this process reads as taken until collected (release_memory, finetune_pack's first step)."""
     if device.type != "cuda":
         return None
-    release_memory()  # an ended pack of this process would read as taken until collected
     free, total = torch.cuda.mem_get_info(device)
     return int(min(free, gpu_fraction * total)) if gpu_fraction < 1 else int(free)
 
@@ -1806,6 +1804,11 @@ def finetune_pack(cfgs: list[FinetuneConfig], data: TokenizedTask, pretrained: P
     pack_id = pack_id or uuid.uuid4().hex[:12]
     results: list[dict] = [{} for _ in cfgs]
     device = pick_device(cfgs[0].gpu_fraction)
+    # The ended packs of an earlier call in this process (a reused trial actor) go first: on a GPU their memory
+    # would read as taken (device_budget), and frozen below with the rest they would stay through this call.
+    # (On a CPU a call of one group does not freeze, and leaves them to the collector.)
+    if device.type == "cuda":
+        release_memory()
     if resume is not None:
         set_up = lambda members, align: PackParts.set_up([cfgs[i] for i in members], data, pretrained, device,  # noqa: E731
                                                          align=align)
@@ -1822,7 +1825,7 @@ def finetune_pack(cfgs: list[FinetuneConfig], data: TokenizedTask, pretrained: P
         runs = [PackRun(list(range(first, min(first + size, len(cfgs))))) for first in range(0, len(cfgs), size)]
     probed = 0  # the largest group that trained past its memory probe
     groups = len(runs)
-    if device.type == "cuda" and groups > 1:  # before the next group's set-up pins its banks in the background
+    if device.type == "cuda" and groups > 1:
         register_pinned_pages()
     # Between groups release_memory collects, so that an ended pack's memory is gone before the next is built.
     # What lived before the call (modules, checkpoint, data: 400,000 objects) is collected once, then frozen,
@@ -1830,7 +1833,8 @@ def finetune_pack(cfgs: list[FinetuneConfig], data: TokenizedTask, pretrained: P
     # collects nothing between groups; a freeze made elsewhere is its owner's to undo.
     freezing = groups > 1 and gc.get_freeze_count() == 0
     if freezing:
-        gc.collect()  # the ended packs of an earlier call in this process (a reused trial actor): frozen, they'd stay
+        if device.type != "cuda":  # collected above on GPUs
+            gc.collect()
         gc.freeze()
     try:
         with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pack-setup") as background:
