@@ -227,8 +227,7 @@ class Phases:
     }
 
     def __init__(self):
-        self.seconds: dict[str, float] = {}
-        self.events: list[tuple[float, str, float]] = []  # (start, phase, own seconds): for each group's share
+        self.events: list[tuple[float, str, float]] = []  # (start, phase, its own seconds)
         self.built: list[float] = []  # when each group's pack began to be built (perf_counter)
         self.patches = contextlib.ExitStack()
         self.local = threading.local()  # per thread: the children's seconds of each open phase
@@ -255,7 +254,6 @@ class Phases:
                 if stack:
                     stack[-1] += elapsed
                 key = f"{phase} (background)" if background else phase
-                self.seconds[key] = self.seconds.get(key, 0.0) + own
                 self.events.append((tick, key, own))
 
         return timed
@@ -274,31 +272,24 @@ class Phases:
         self.patches.close()
 
     def summary(self, wall: float, end: float) -> dict:
-        """Each phase's seconds, the wall's remainder (the training steps and what no phase covers), and each
+        """Each phase's seconds and the wall's remainder (the training steps and what no phase covers), then each
         group's wall from the start of its pack's building to the next's (the last: to `end`), from which the
-        steady cost of a group is read apart from the first's one-time costs."""
-        beside = sum(v for k, v in self.seconds.items() if not k.endswith("(background)"))
-        groups = np.diff([*self.built, end]) if self.built else []
-        return {**{k: round(v, 2) for k, v in self.seconds.items()},
-                "training steps and the rest": round(wall - beside, 2),
-                "group walls": [round(float(g), 2) for g in groups],
-                "by group": self.by_group(groups)}
+        steady cost of a group is read apart from the first's one-time costs, and each group's own phases (by
+        when they started; what came before the first building, the call's start, is in none): what the next
+        group's set-up costs the group beside which it runs (the last group has none beside it)."""
+        walls = np.diff([*self.built, end]) if self.built else []
+        group_of = lambda start: int(np.searchsorted(self.built, start, side="right")) - 1  # noqa: E731
+        return {**self.shares(wall, self.events), "group walls": [round(float(g), 2) for g in walls],
+                "by group": [self.shares(float(w), [e for e in self.events if group_of(e[0]) == g])
+                             for g, w in enumerate(walls)]}
 
-    def by_group(self, walls) -> list[dict]:
-        """Each group's phases, by when they started: a group's wall runs from its pack's building to the next's
-        (what came before the first building, the call's start, is in none). The steady group's cost is read
-        here, and what the next group's set-up beside it costs (the last group has none beside it)."""
-        shares = [{} for _ in walls]
-        for start, key, own in self.events:
-            g = int(np.searchsorted(self.built, start, side="right")) - 1
-            if 0 <= g < len(shares):
-                shares[g][key] = shares[g].get(key, 0.0) + own
-        rows = []
-        for wall, share in zip(walls, shares):
-            beside = sum(v for k, v in share.items() if not k.endswith("(background)"))
-            rows.append({**{k: round(v, 2) for k, v in share.items()},
-                         "training steps and the rest": round(float(wall) - beside, 2)})
-        return rows
+    @staticmethod
+    def shares(wall: float, events) -> dict:
+        seconds: dict[str, float] = {}
+        for _, key, own in events:
+            seconds[key] = seconds.get(key, 0.0) + own
+        beside = sum(v for k, v in seconds.items() if not k.endswith("(background)"))
+        return {**{k: round(v, 2) for k, v in seconds.items()}, "training steps and the rest": round(wall - beside, 2)}
 
 
 def time_pack(cfgs, data, pretrained, device_size: int | None = None) -> tuple[float, list[float], dict]:
