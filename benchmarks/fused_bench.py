@@ -229,6 +229,8 @@ class Phases:
     def __init__(self):
         self.events: list[tuple[float, str, float]] = []  # (start, phase, its own seconds)
         self.built: list[float] = []  # when each group's pack began to be built (perf_counter)
+        self.issued: list[float] = []  # when each training step was issued (the main thread's Pack.step calls)
+        self.synced: list[float] = []  # when each epoch end's synchronization returned (Compute.synchronize)
         self.patches = contextlib.ExitStack()
         self.local = threading.local()  # per thread: the children's seconds of each open phase
 
@@ -266,7 +268,40 @@ class Phases:
             owner = importlib.import_module(module)
             owner = getattr(owner, cls) if cls else owner
             self.patches.enter_context(mock.patch.object(owner, name, self.wrapper(phase, getattr(owner, name))))
+        self.mark_epochs()
         return self
+
+    def mark_epochs(self) -> None:
+        """Note when the steps are issued and when each epoch's end has synchronized, unsynchronized, for
+        `epochs`."""
+        from trainables.finetune import Compute
+        from trainables.fused import Pack
+
+        step, synchronize = Pack.step, Compute.synchronize
+
+        def issued(pack, batch, labels, update=True):
+            if update and threading.current_thread() is threading.main_thread():
+                self.issued.append(time.perf_counter())
+            return step(pack, batch, labels, update)
+
+        def synchronized(compute):
+            synchronize(compute)
+            self.synced.append(time.perf_counter())
+
+        self.patches.enter_context(mock.patch.object(Pack, "step", issued))
+        self.patches.enter_context(mock.patch.object(Compute, "synchronize", synchronized))
+
+    def epochs(self, start: float, end: float) -> dict:
+        """Within [start, end) (a group): each epoch's seconds from its first step's issue to the end of its
+        synchronization, and each stretch from an epoch's end to the next epoch's first step. During those
+        stretches (the losses read, the reports built, the next steps not yet issued) a GPU waits on the host."""
+        synced = [t for t in self.synced if start <= t < end]
+        issued = np.array([t for t in self.issued if start <= t < end])
+        firsts = [float(issued[np.searchsorted(issued, edge)]) for edge in [start, *synced[:-1]]
+                  if np.searchsorted(issued, edge) < len(issued)]
+        spans = [round(s - f, 2) for f, s in zip(firsts, synced)]
+        gaps = [round(f - s, 3) for s, f in zip(synced, firsts[1:])]
+        return {"epochs, s": spans, "host between epochs, s": gaps}
 
     def __exit__(self, *exc) -> None:
         self.patches.close()
@@ -279,9 +314,10 @@ class Phases:
         group's set-up costs the group beside which it runs (the last group has none beside it)."""
         walls = np.diff([*self.built, end]) if self.built else []
         group_of = lambda start: int(np.searchsorted(self.built, start, side="right")) - 1  # noqa: E731
+        edges = [*self.built, end]
         return {**self.shares(wall, self.events), "group walls": [round(float(g), 2) for g in walls],
-                "by group": [self.shares(float(w), [e for e in self.events if group_of(e[0]) == g])
-                             for g, w in enumerate(walls)]}
+                "by group": [{**self.shares(float(w), [e for e in self.events if group_of(e[0]) == g]),
+                              **self.epochs(edges[g], edges[g + 1])} for g, w in enumerate(walls)]}
 
     @staticmethod
     def shares(wall: float, events) -> dict:
