@@ -272,8 +272,8 @@ class Phases:
         return self
 
     def mark_epochs(self) -> None:
-        """Note when the steps are issued and when each epoch's end has synchronized, unsynchronized, for
-        `epochs`."""
+        """Record, without synchronizing, when the main thread issues each training step and when each epoch
+        end's synchronization returns (read by `epochs`)."""
         from trainables.finetune import Compute
         from trainables.fused import Pack
 
@@ -312,9 +312,9 @@ class Phases:
         steady cost of a group is read apart from the first's one-time costs, and each group's own phases (by
         when they started; what came before the first building, the call's start, is in none): what the next
         group's set-up costs the group beside which it runs (the last group has none beside it)."""
-        walls = np.diff([*self.built, end]) if self.built else []
-        group_of = lambda start: int(np.searchsorted(self.built, start, side="right")) - 1  # noqa: E731
         edges = [*self.built, end]
+        walls = np.diff(edges) if self.built else []
+        group_of = lambda start: int(np.searchsorted(self.built, start, side="right")) - 1  # noqa: E731
         return {**self.shares(wall, self.events), "group walls": [round(float(g), 2) for g in walls],
                 "by group": [{**self.shares(float(w), [e for e in self.events if group_of(e[0]) == g]),
                               **self.epochs(edges[g], edges[g + 1])} for g, w in enumerate(walls)]}
