@@ -231,6 +231,7 @@ class Phases:
         self.built: list[float] = []  # when each group's pack began to be built (perf_counter)
         self.issued: list[float] = []  # when each training step was issued (the main thread's Pack.step calls)
         self.synced: list[float] = []  # when each epoch end's synchronization returned (Compute.synchronize)
+        self.pinned: list[tuple[int, float]] = []  # page-locked allocations so far at each group's building
         self.patches = contextlib.ExitStack()
         self.local = threading.local()  # per thread: the children's seconds of each open phase
 
@@ -246,6 +247,7 @@ class Phases:
             tick = time.perf_counter()
             if phase == self.BUILT and not background:
                 self.built.append(tick)
+                self.pinned.append(self.pinned_so_far())
             try:
                 return original(*args, **kwargs)
             finally:
@@ -291,6 +293,13 @@ class Phases:
         self.patches.enter_context(mock.patch.object(Pack, "step", issued))
         self.patches.enter_context(mock.patch.object(Compute, "synchronize", synchronized))
 
+    @staticmethod
+    def pinned_so_far() -> tuple[int, float]:
+        """(page-locked allocations, their seconds) of this process so far (torch 2.7 on counts them; else 0)."""
+        host = torch.cuda.host_memory_stats() if torch.cuda.is_available() and hasattr(
+            torch.cuda, "host_memory_stats") else {}
+        return host.get("num_host_alloc", 0), host.get("host_alloc_time.total", 0) / 1e6
+
     def epochs(self, start: float, end: float) -> dict:
         """Within [start, end) (a group): each epoch's seconds from its first step's issue to the end of its
         synchronization, and each stretch from an epoch's end to the next epoch's first step. During those
@@ -312,12 +321,15 @@ class Phases:
         steady cost of a group is read apart from the first's one-time costs, and each group's own phases (by
         when they started; what came before the first building, the call's start, is in none): what the next
         group's set-up costs the group beside which it runs (the last group has none beside it)."""
-        edges = [*self.built, end]
+        edges, pinned = [*self.built, end], [*self.pinned, self.pinned_so_far()]
         walls = np.diff(edges) if self.built else []
         group_of = lambda start: int(np.searchsorted(self.built, start, side="right")) - 1  # noqa: E731
         return {**self.shares(wall, self.events), "group walls": [round(float(g), 2) for g in walls],
                 "by group": [{**self.shares(float(w), [e for e in self.events if group_of(e[0]) == g]),
-                              **self.epochs(edges[g], edges[g + 1])} for g, w in enumerate(walls)]}
+                              **self.epochs(edges[g], edges[g + 1]),
+                              "page-locked allocations during it (count, s)": [
+                                  pinned[g + 1][0] - pinned[g][0], round(pinned[g + 1][1] - pinned[g][1], 2)]}
+                             for g, w in enumerate(walls)]}
 
     @staticmethod
     def shares(wall: float, events) -> dict:
