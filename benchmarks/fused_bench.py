@@ -282,7 +282,7 @@ class Phases:
         step, synchronize = Pack.step, Compute.synchronize
 
         def issued(pack, batch, labels, update=True):
-            if update and threading.current_thread() is threading.main_thread():
+            if update and not threading.current_thread().name.startswith("pack-setup"):  # as `wrapper`'s
                 self.issued.append(time.perf_counter())
             return step(pack, batch, labels, update)
 
@@ -306,10 +306,14 @@ class Phases:
         stretches (the losses read, the reports built, the next steps not yet issued) a GPU waits on the host."""
         synced = [t for t in self.synced if start <= t < end]
         issued = np.array([t for t in self.issued if start <= t < end])
-        firsts = [float(issued[np.searchsorted(issued, edge)]) for edge in [start, *synced[:-1]]
-                  if np.searchsorted(issued, edge) < len(issued)]
-        spans = [round(s - f, 2) for f, s in zip(firsts, synced)]
-        gaps = [round(f - s, 3) for s, f in zip(synced, firsts[1:])]
+        # each epoch's first step, searched for between the synchronization before it and its own: an epoch that
+        # issues none (the halves of a pack split after its last step) has none (None)
+        firsts = []
+        for before, sync in zip([start, *synced], synced):
+            i = int(np.searchsorted(issued, before))
+            firsts.append(float(issued[i]) if i < len(issued) and issued[i] < sync else None)
+        spans = [None if f is None else round(s - f, 2) for f, s in zip(firsts, synced)]
+        gaps = [None if f is None else round(f - s, 3) for s, f in zip(synced, firsts[1:])]
         return {"epochs, s": spans, "host between epochs, s": gaps}
 
     def __exit__(self, *exc) -> None:
