@@ -204,6 +204,21 @@ class Figures:
         return row
 
 
+def pinned_stats() -> dict:
+    """This process's page-locked host memory so far: its peak, and the allocations and their seconds (torch 2.7
+    on counts them; else zeros)."""
+    host = torch.cuda.host_memory_stats() if torch.cuda.is_available() and hasattr(
+        torch.cuda, "host_memory_stats") else {}
+    return {"pinned_gib_peak": host.get("allocated_bytes.peak", 0) / 2**30,
+            "pinned_allocations": host.get("num_host_alloc", 0),
+            "pinned_alloc_seconds": host.get("host_alloc_time.total", 0) / 1e6}
+
+
+def in_background() -> bool:
+    """Whether this thread is finetune_pack's, setting the next group up while one trains."""
+    return threading.current_thread().name.startswith("pack-setup")
+
+
 class Phases:
     """Wall seconds a fused run spends in each of its phases beside the training steps, taken by wrapping the
     engine's own functions for the duration. A phase's seconds are its own: a phase called inside another
@@ -231,7 +246,7 @@ class Phases:
         self.built: list[float] = []  # when each group's pack began to be built (perf_counter)
         self.issued: list[float] = []  # when each training step was issued (the main thread's Pack.step calls)
         self.synced: list[float] = []  # when each epoch end's synchronization returned (Compute.synchronize)
-        self.pinned: list[tuple[int, float]] = []  # page-locked allocations so far at each group's building
+        self.pinned: list[dict] = []  # pinned_stats() at each group's building
         self.patches = contextlib.ExitStack()
         self.local = threading.local()  # per thread: the children's seconds of each open phase
 
@@ -239,7 +254,7 @@ class Phases:
         gpu = torch.cuda.is_available() and phase not in self.UNSYNCHRONIZED
 
         def timed(*args, **kwargs):
-            background = threading.current_thread().name.startswith("pack-setup")
+            background = in_background()
             stack = self.local.__dict__.setdefault("stack", [])
             if gpu and not background:
                 torch.cuda.synchronize()
@@ -247,7 +262,7 @@ class Phases:
             tick = time.perf_counter()
             if phase == self.BUILT and not background:
                 self.built.append(tick)
-                self.pinned.append(self.pinned_so_far())
+                self.pinned.append(pinned_stats())
             try:
                 return original(*args, **kwargs)
             finally:
@@ -282,7 +297,7 @@ class Phases:
         step, synchronize = Pack.step, Compute.synchronize
 
         def issued(pack, batch, labels, update=True):
-            if update and not threading.current_thread().name.startswith("pack-setup"):  # as `wrapper`'s
+            if update and not in_background():
                 self.issued.append(time.perf_counter())
             return step(pack, batch, labels, update)
 
@@ -292,13 +307,6 @@ class Phases:
 
         self.patches.enter_context(mock.patch.object(Pack, "step", issued))
         self.patches.enter_context(mock.patch.object(Compute, "synchronize", synchronized))
-
-    @staticmethod
-    def pinned_so_far() -> tuple[int, float]:
-        """(page-locked allocations, their seconds) of this process so far (torch 2.7 on counts them; else 0)."""
-        host = torch.cuda.host_memory_stats() if torch.cuda.is_available() and hasattr(
-            torch.cuda, "host_memory_stats") else {}
-        return host.get("num_host_alloc", 0), host.get("host_alloc_time.total", 0) / 1e6
 
     def epochs(self, start: float, end: float) -> dict:
         """Within [start, end) (a group): each epoch's seconds from its first step's issue to the end of its
@@ -325,15 +333,17 @@ class Phases:
         steady cost of a group is read apart from the first's one-time costs, and each group's own phases (by
         when they started; what came before the first building, the call's start, is in none): what the next
         group's set-up costs the group beside which it runs (the last group has none beside it)."""
-        edges, pinned = [*self.built, end], [*self.pinned, self.pinned_so_far()]
+        edges, pinned = [*self.built, end], [*self.pinned, pinned_stats()]
         walls = np.diff(edges) if self.built else []
         group_of = lambda start: int(np.searchsorted(self.built, start, side="right")) - 1  # noqa: E731
+        by_group = []
+        for g, w in enumerate(walls):
+            allocated = [pinned[g + 1][k] - pinned[g][k] for k in ("pinned_allocations", "pinned_alloc_seconds")]
+            by_group.append({**self.shares(float(w), [e for e in self.events if group_of(e[0]) == g]),
+                             **self.epochs(edges[g], edges[g + 1]),
+                             "page-locked allocations during it (count, s)": [allocated[0], round(allocated[1], 2)]})
         return {**self.shares(wall, self.events), "group walls": [round(float(g), 2) for g in walls],
-                "by group": [{**self.shares(float(w), [e for e in self.events if group_of(e[0]) == g]),
-                              **self.epochs(edges[g], edges[g + 1]),
-                              "page-locked allocations during it (count, s)": [
-                                  pinned[g + 1][0] - pinned[g][0], round(pinned[g + 1][1] - pinned[g][1], 2)]}
-                             for g, w in enumerate(walls)]}
+                "by group": by_group}
 
     @staticmethod
     def shares(wall: float, events) -> dict:
@@ -708,11 +718,7 @@ def compare(args, pretrained, data, peer_model_path: str, device: str, header: d
     if grouped:
         wall, accuracy, phases = time_pack(cfgs[:grouped], data, pretrained,
                                            device_size=group if args.group_size else None)
-        # the page-locked buffers the groups came through (torch 2.7 on counts them)
-        host = torch.cuda.host_memory_stats() if hasattr(torch.cuda, "host_memory_stats") else {}
-        pinned = {"pinned_gib_peak": host.get("allocated_bytes.peak", 0) / 2**30,
-                  "pinned_allocations": host.get("num_host_alloc", 0),
-                  "pinned_alloc_seconds": host.get("host_alloc_time.total", 0) / 1e6}
+        pinned = pinned_stats()  # the page-locked buffers the groups came through
         print(f"  page-locked host memory: {pinned}", flush=True)
         release_memory()  # the peer's processes share the card next: this process's cached blocks go back
         figures.add(f"ours, --pack auto: {args.groups} groups of {group}, set up in the background", grouped,
