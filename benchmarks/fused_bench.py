@@ -233,6 +233,10 @@ class Phases:
 
     WRAPPED = {  # phase: (module[:class], function)
         "set up: trials drawn, their start weights kept": ("trainables.fused", "set_up_pack"),
+        # the set-up's two large page-locked allocations (on GPUs): whether a group's come from torch's cache or
+        # are locked anew (seconds under the driver's lock) beside the group that trains
+        "host banks allocated": ("trainables.fused", "empty_banks"),
+        "start weights page-locked": ("trainables.fused:StartWeights", "pin"),
         BUILT: ("trainables.fused:Pack", "__init__"),
         "memory probe": ("trainables.fused:Pack", "peak_memory"),
         "epoch plans (batches moved)": ("trainables.fused:Pack", "plan"),
