@@ -86,6 +86,9 @@ def parse_args():
                         "default a GPU pack replays its steps as CUDA graphs), and with --step-profile profile each "
                         "pack size so too; the graphs' losses and weights after an epoch are held against steps "
                         "run op by op at packs of 8 or fewer")
+    p.add_argument("--pageable", action="store_true",
+                   help="GPU: the groups' host banks and start weights stay in pageable memory (no page-locking "
+                        "beside a training group: is it the driver's lock a group loses its seconds to?)")
     p.add_argument("--peer-trial", type=json.loads, help=argparse.SUPPRESS)  # internal: one peer process
     p.add_argument("--out", help="also write the figures as JSON here")
     return p.parse_args()
@@ -812,7 +815,8 @@ def main() -> None:
         print(json.dumps(peer_trial(args.peer_trial)))
         return
     torch.set_num_threads(args.threads)
-    figures = gpu_mode(args) if args.device == "cuda" else cpu_mode(args)
+    with mock.patch("trainables.fused.worth_pinning", return_value=False) if args.pageable else contextlib.nullcontext():
+        figures = gpu_mode(args) if args.device == "cuda" else cpu_mode(args)
     if args.out:
         Path(args.out).write_text(json.dumps(figures, indent=2, default=str))
 
