@@ -815,7 +815,8 @@ def main() -> None:
         print(json.dumps(peer_trial(args.peer_trial)))
         return
     torch.set_num_threads(args.threads)
-    with mock.patch("trainables.fused.worth_pinning", return_value=False) if args.pageable else contextlib.nullcontext():
+    pageable = mock.patch("trainables.fused.worth_pinning", return_value=False)
+    with pageable if args.pageable else contextlib.nullcontext():
         figures = gpu_mode(args) if args.device == "cuda" else cpu_mode(args)
     if args.out:
         Path(args.out).write_text(json.dumps(figures, indent=2, default=str))
