@@ -87,8 +87,10 @@ def parse_args():
                         "pack size so too; the graphs' losses and weights after an epoch are held against steps "
                         "run op by op at packs of 8 or fewer")
     p.add_argument("--pageable", action="store_true",
-                   help="GPU: the groups' host banks and start weights stay in pageable memory (no page-locking "
-                        "beside a training group: is it the driver's lock a group loses its seconds to?)")
+                   help="GPU: the set-up in the background locks no pages (its host banks and start weights stay "
+                        "pageable; the epoch plans' batches still go through page-locked buffers): is it the "
+                        "driver's lock a group loses its seconds to? Each group's banks then move at about a "
+                        "quarter of the speed: compare groups' steps, not walls")
     p.add_argument("--peer-trial", type=json.loads, help=argparse.SUPPRESS)  # internal: one peer process
     p.add_argument("--out", help="also write the figures as JSON here")
     return p.parse_args()
@@ -236,8 +238,10 @@ class Phases:
 
     WRAPPED = {  # phase: (module[:class], function)
         "set up: trials drawn, their start weights kept": ("trainables.fused", "set_up_pack"),
-        # the set-up's two large page-locked allocations (on GPUs): whether a group's come from torch's cache or
-        # are locked anew (seconds under the driver's lock) beside the group that trains
+        # the set-up's two large allocations: in the background (the next group's, on GPUs) page-locked, so
+        # their seconds say whether they came from torch's cache or were locked anew (under the driver's lock)
+        # beside the group that trains; the start weights' include copying them in. (A first group's banks are
+        # allocated on its device.)
         "host banks allocated": ("trainables.fused", "empty_banks"),
         "start weights page-locked": ("trainables.fused:StartWeights", "pin"),
         BUILT: ("trainables.fused:Pack", "__init__"),
