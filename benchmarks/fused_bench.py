@@ -86,11 +86,12 @@ def parse_args():
                         "default a GPU pack replays its steps as CUDA graphs), and with --step-profile profile each "
                         "pack size so too; the graphs' losses and weights after an epoch are held against steps "
                         "run op by op at packs of 8 or fewer")
-    p.add_argument("--pageable", action="store_true",
-                   help="GPU: the set-up in the background locks no pages (its host banks and start weights stay "
-                        "pageable; the epoch plans' batches still go through page-locked buffers): is it the "
-                        "driver's lock a group loses its seconds to? Each group's banks then move at about a "
-                        "quarter of the speed: compare groups' steps, not walls")
+    p.add_argument("--pageable", nargs="?", const="all", choices=["all", "start"],
+                   help="GPU: the set-up in the background locks no pages: 'all' (the default) keeps its host banks "
+                        "and start weights pageable, 'start' the start weights alone (the epoch plans' batches "
+                        "still go through page-locked buffers): is it the driver's lock a group loses its seconds "
+                        "to, and whose? With 'all' each group's banks move at about a quarter of the speed: "
+                        "compare groups' steps, not walls")
     p.add_argument("--peer-trial", type=json.loads, help=argparse.SUPPRESS)  # internal: one peer process
     p.add_argument("--out", help="also write the figures as JSON here")
     return p.parse_args()
@@ -819,8 +820,9 @@ def main() -> None:
         print(json.dumps(peer_trial(args.peer_trial)))
         return
     torch.set_num_threads(args.threads)
-    pageable = mock.patch("trainables.fused.worth_pinning", return_value=False)
-    with pageable if args.pageable else contextlib.nullcontext():
+    pageable = {"all": mock.patch("trainables.fused.worth_pinning", return_value=False),
+                "start": mock.patch("trainables.fused.StartWeights.pin", lambda self: None)}
+    with pageable[args.pageable] if args.pageable else contextlib.nullcontext():
         figures = gpu_mode(args) if args.device == "cuda" else cpu_mode(args)
     if args.out:
         Path(args.out).write_text(json.dumps(figures, indent=2, default=str))
