@@ -814,15 +814,23 @@ def gpu_mode(args) -> dict:
     return {**header, "rows": rows}
 
 
+def kept_pageable(which: str | None):
+    """--pageable: the engine's own choice to page-lock made False for everything the set-up would lock ('all'),
+    or the start weights' locking skipped ('start'); None: nothing changed."""
+    if which == "all":
+        return mock.patch("trainables.fused.worth_pinning", return_value=False)
+    if which == "start":
+        return mock.patch("trainables.fused.StartWeights.pin", lambda self: None)
+    return contextlib.nullcontext()
+
+
 def main() -> None:
     args = parse_args()
     if args.peer_trial is not None:
         print(json.dumps(peer_trial(args.peer_trial)))
         return
     torch.set_num_threads(args.threads)
-    pageable = {"all": mock.patch("trainables.fused.worth_pinning", return_value=False),
-                "start": mock.patch("trainables.fused.StartWeights.pin", lambda self: None)}
-    with pageable[args.pageable] if args.pageable else contextlib.nullcontext():
+    with kept_pageable(args.pageable):
         figures = gpu_mode(args) if args.device == "cuda" else cpu_mode(args)
     if args.out:
         Path(args.out).write_text(json.dumps(figures, indent=2, default=str))
