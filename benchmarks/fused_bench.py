@@ -74,6 +74,11 @@ def parse_args():
     p.add_argument("--sweep", action="store_true",
                    help="CPU mode: also time the real sweep command on trials of the same shape (python -m sweep "
                         "incremental, k = 0..--trials-1, one trial each: Ray's start, loading and Tune included)")
+    p.add_argument("--pairs", type=int, default=1,
+                   help="CPU mode with --sweep: time the sweep command and the peer (cores processes at a time) this "
+                        "many times each, in alternating order (sweep, peer; peer, sweep; ...), and print each pair's "
+                        "ratio and their median: this VM's speed drifts by up to 13%% within an hour, more than the "
+                        "difference one pair is asked to show")
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="CPU threads for our packs")
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--compare-func", action="store_true",
@@ -446,6 +451,33 @@ def time_sweep(args) -> tuple[float, list[float], dict]:
                                                              "seconds_beyond_trials": round(beyond, 2)}
 
 
+def paired_runs(args, figures, peer_model_path: str, layers: int) -> None:
+    """--pairs: the sweep command's and the peer's rows (the first pair) timed again, in alternating order so
+    that a drift in the machine's speed weighs on both; a row per pair and the median of the pairs' ratios."""
+    processes = len(os.sched_getaffinity(0))
+    first = (figures.rows["ours, the real sweep command (python -m sweep, --pack auto, Ray's start included)"],
+             figures.rows.get(f"peer, HF Trainer, {processes} processes at a time", {}))
+    if "seconds_per_trial" not in first[1]:
+        print(f"--pairs: no peer row of {processes} processes at a time to pair the sweep command with", flush=True)
+        return
+    ratios = [first[0]["seconds_per_trial"] / first[1]["seconds_per_trial"]]
+    for pair in range(2, args.pairs + 1):
+        walls = {}
+        for what in ("peer", "sweep") if pair % 2 == 0 else ("sweep", "peer"):
+            walls[what] = (time_sweep(args)[0] if what == "sweep"
+                           else time_peer(args, peer_model_path, layers, processes)[0]) / args.trials
+        ratios.append(walls["sweep"] / walls["peer"])
+        figures.rows[f"pair {pair}: the sweep command against the peer"] = {
+            "sweep_seconds_per_trial": walls["sweep"], "peer_seconds_per_trial": walls["peer"], "ratio": ratios[-1]}
+        figures.write()
+        print(f"pair {pair} ({'peer first' if pair % 2 == 0 else 'sweep first'}): the sweep command "
+              f"{walls['sweep']:.1f} s/trial, the peer {walls['peer']:.1f}: {ratios[-1]:.2f}x", flush=True)
+    figures.rows["the sweep command against the peer, pairs"] = {"ratios": ratios, "median": float(np.median(ratios))}
+    figures.write()
+    print(f"the sweep command / the peer over {len(ratios)} pairs: {', '.join(f'{r:.2f}' for r in ratios)}; "
+          f"median {np.median(ratios):.2f}x", flush=True)
+
+
 def peer_trial(spec: dict) -> dict:
     """One trial the way a user would write it with the Trainer, in a fresh process."""
     started = time.perf_counter()
@@ -753,6 +785,8 @@ def compare(args, pretrained, data, peer_model_path: str, device: str, header: d
                 figures.skip(name, failure)
             else:
                 figures.add(name, args.trials, *timed)
+    if not gpu and args.sweep and args.pairs > 1:
+        paired_runs(args, figures, peer_model_path, layers)
     if args.compare_func:
         for size in (1, 4):
             func, ours = func_step_seconds(cfgs[:size], data, pretrained), pack_step_seconds(cfgs[:size], data, pretrained)
