@@ -888,12 +888,14 @@ class PackEncoder:
             torch.index_select(self.low if self.low is not None else bank, 1, self.bias_columns, out=self.biases)
         self.cast_at = step
 
-    def linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
-        weight, bias = self.compute_weights[f"{name}_w"], self.compute_weights[f"{name}_b"]
+    def linear(self, x: torch.Tensor, name: str, outputs: slice | None = None) -> torch.Tensor:
+        """x through linear layer `name`, or through its `outputs` alone (their rows of its weight and bias)."""
+        part = (lambda t: t) if outputs is None else (lambda t: t[:, outputs])  # noqa: E731 (no view when whole)
+        weight, bias = part(self.compute_weights[f"{name}_w"]), part(self.compute_weights[f"{name}_b"])
         if not torch.is_grad_enabled():
             return torch.baddbmm(bias.unsqueeze(1), x.to(weight.dtype), weight.mT)
         grads = self.pack.grad_views
-        return _Linear.apply(x, weight, bias, grads[f"{name}_w"], grads[f"{name}_b"])
+        return _Linear.apply(x, weight, bias, part(grads[f"{name}_w"]), part(grads[f"{name}_b"]))
 
     def __call__(self, batch: PackBatch, dropout: Dropout | None) -> torch.Tensor:
         """Logits [P, B, labels]; dropout None: evaluation."""
@@ -905,19 +907,21 @@ class PackEncoder:
         x = words + embed(w["token_type"], batch.types) + embed(w["position"], batch.positions)
         x = drop(layer_norm(x, w["emb_ln_w"], w["emb_ln_b"], self.eps), batch)
         firsts = lambda t: rows_of(t.reshape(-1, H), batch.first).view(P, B, H)  # noqa: E731
+        heads = lambda t, n: t.view(P * B, -1, n, self.heads, H // self.heads).permute(2, 0, 3, 1, 4)  # noqa: E731
         for i in range(1, self.num_layers + 1):
-            qkv = rows_of(self.linear(x, f"{i}.qkv").reshape(-1, 3 * H), batch.gather)
-            q, k, v = qkv.view(P * B, T, 3, self.heads, H // self.heads).permute(2, 0, 3, 1, 4)
             if i < self.num_layers:
+                q, k, v = heads(rows_of(self.linear(x, f"{i}.qkv").reshape(-1, 3 * H), batch.gather), 3)
                 context = self.attention(q, k, v, batch, dropout).transpose(1, 2).reshape(P * B * T, H)
                 context, rows = rows_of(context, batch.scatter).view(P, -1, H), None
             else:
-                # Only each sequence's first token reaches the pooler, so the last layer attends from it alone
-                # and runs its output projection and feed-forward on it alone: a sixth of MiniLM's matmuls (a
-                # 14th of BERT-base's) saved, the same numbers (its dropout masks are its own rows of the full
-                # ones).
-                context = self.attention(q[:, :, :1], k, v, batch, dropout).reshape(P, B, H)
+                # Only each sequence's first token reaches the pooler, so the last layer attends from it alone:
+                # its query, output projection and feed-forward run on that token alone, its keys and values on
+                # all. A sixth of MiniLM's matmuls (a 13th of BERT-base's) saved, the same numbers but for the
+                # order of float sums (its dropout masks are its own rows of the full ones).
+                k, v = heads(rows_of(self.linear(x, f"{i}.qkv", slice(H, None)).reshape(-1, 2 * H), batch.gather), 2)
                 x, rows = firsts(x), batch.first
+                (q,) = heads(self.linear(x, f"{i}.qkv", slice(H)), 1)
+                context = self.attention(q, k, v, batch, dropout).reshape(P, B, H)
             x = layer_norm(x + drop(self.linear(context, f"{i}.attn_out"), batch, rows),
                            w[f"{i}.attn_ln_w"], w[f"{i}.attn_ln_b"], self.eps)
             h = self.act(self.linear(x, f"{i}.ffn_in"))
