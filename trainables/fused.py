@@ -907,10 +907,11 @@ class PackEncoder:
         x = words + embed(w["token_type"], batch.types) + embed(w["position"], batch.positions)
         x = drop(layer_norm(x, w["emb_ln_w"], w["emb_ln_b"], self.eps), batch)
         firsts = lambda t: rows_of(t.reshape(-1, H), batch.first).view(P, B, H)  # noqa: E731
-        heads = lambda t, n: t.view(P * B, -1, n, self.heads, H // self.heads).permute(2, 0, 3, 1, 4)  # noqa: E731
+        # [P * B * T, n * H] (n of query, key, value) into n tensors [P * B, heads, T, H / heads]
+        split_heads = lambda t, n: t.view(P * B, -1, n, self.heads, H // self.heads).permute(2, 0, 3, 1, 4)  # noqa
         for i in range(1, self.num_layers + 1):
             if i < self.num_layers:
-                q, k, v = heads(rows_of(self.linear(x, f"{i}.qkv").reshape(-1, 3 * H), batch.gather), 3)
+                q, k, v = split_heads(rows_of(self.linear(x, f"{i}.qkv").reshape(-1, 3 * H), batch.gather), 3)
                 context = self.attention(q, k, v, batch, dropout).transpose(1, 2).reshape(P * B * T, H)
                 context, rows = rows_of(context, batch.scatter).view(P, -1, H), None
             else:
@@ -919,9 +920,10 @@ class PackEncoder:
                 # all: 10 of a layer's 12 H x H products a token saved in the last of L layers (about 13% of
                 # MiniLM's linear FLOPs, 7% of BERT-base's), the same numbers but for the order of float sums
                 # (its dropout masks are its own rows of the full ones).
-                k, v = heads(rows_of(self.linear(x, f"{i}.qkv", slice(H, None)).reshape(-1, 2 * H), batch.gather), 2)
+                kv = rows_of(self.linear(x, f"{i}.qkv", slice(H, None)).reshape(-1, 2 * H), batch.gather)
+                k, v = split_heads(kv, 2)
                 x, rows = firsts(x), batch.first
-                (q,) = heads(self.linear(x, f"{i}.qkv", slice(H)), 1)
+                (q,) = split_heads(self.linear(x, f"{i}.qkv", slice(H)), 1)
                 context = self.attention(q, k, v, batch, dropout).reshape(P, B, H)
             x = layer_norm(x + drop(self.linear(context, f"{i}.attn_out"), batch, rows),
                            w[f"{i}.attn_ln_w"], w[f"{i}.attn_ln_b"], self.eps)
