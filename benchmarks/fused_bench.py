@@ -78,7 +78,8 @@ def parse_args():
                    help="CPU mode with --sweep: time the sweep command and the peer (cores processes at a time) this "
                         "many times each, in alternating order (sweep, peer; peer, sweep; ...), and print each pair's "
                         "ratio and their median: this VM's speed drifts by up to 13%% within an hour, more than the "
-                        "difference one pair is asked to show")
+                        "difference one pair is asked to show. The first pair is the run's own sweep and peer rows "
+                        "(our unfused loop runs between them unless --skip-unfused)")
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="CPU threads for our packs")
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--compare-func", action="store_true",
@@ -462,10 +463,17 @@ def paired_runs(args, figures, peer_model_path: str, layers: int) -> None:
         return
     ratios = [first[0]["seconds_per_trial"] / first[1]["seconds_per_trial"]]
     for pair in range(2, args.pairs + 1):
-        walls = {}
+        walls, failure = {}, None
         for what in ("peer", "sweep") if pair % 2 == 0 else ("sweep", "peer"):
-            walls[what] = (time_sweep(args)[0] if what == "sweep"
-                           else time_peer(args, peer_model_path, layers, processes)[0]) / args.trials
+            timed, failure = attempt(lambda: time_sweep(args) if what == "sweep"  # noqa: B023 (called at once)
+                                     else time_peer(args, peer_model_path, layers, processes),
+                                     (RuntimeError, subprocess.CalledProcessError))
+            if failure is not None:
+                break
+            walls[what] = timed[0] / args.trials
+        if failure is not None:  # the pairs timed so far keep their median
+            print(f"pair {pair}: {failure}; no more pairs", flush=True)
+            break
         ratios.append(walls["sweep"] / walls["peer"])
         figures.rows[f"pair {pair}: the sweep command against the peer"] = {
             "sweep_seconds_per_trial": walls["sweep"], "peer_seconds_per_trial": walls["peer"], "ratio": ratios[-1]}
@@ -718,6 +726,9 @@ def compare(args, pretrained, data, peer_model_path: str, device: str, header: d
     from trainables.fused import CUDA_GRAPHS, release_memory
 
     gpu, layers = device.startswith("cuda"), pretrained.num_layers
+    if args.pairs != 1 and (gpu or not args.sweep or args.pairs < 1):  # said now, as the one below
+        raise SystemExit(f"--pairs {args.pairs}: the sweep command against the peer, timed again, needs --sweep on a "
+                         "CPU and a count of at least 1")
     if args.sweep and not gpu and args.trials > layers + 1:  # said now, not after the rows before it have run
         raise SystemExit(f"--sweep runs k = 0..--trials-1, one trial each: --trials {args.trials} asks for k up to "
                          f"{args.trials - 1}, and the model has {layers} layers (--trials at most {layers + 1})")

@@ -907,7 +907,7 @@ class PackEncoder:
         x = words + embed(w["token_type"], batch.types) + embed(w["position"], batch.positions)
         x = drop(layer_norm(x, w["emb_ln_w"], w["emb_ln_b"], self.eps), batch)
         firsts = lambda t: rows_of(t.reshape(-1, H), batch.first).view(P, B, H)  # noqa: E731
-        # [P * B * T, n * H] (n of query, key, value) into n tensors [P * B, heads, T, H / heads]
+        # rows of n * H (n of query, key and value) into n tensors [P * B, heads, T or 1, H / heads]
         split_heads = lambda t, n: t.view(P * B, -1, n, self.heads, H // self.heads).permute(2, 0, 3, 1, 4)  # noqa
         for i in range(1, self.num_layers + 1):
             if i < self.num_layers:
