@@ -48,6 +48,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 DEFAULT_GLUE = ROOT.parent / "shared" / "data" / "glue"
 PAPER_GRID_TRIALS = 1950  # the paper's 500-example figure: trials of BERT-base at 500 examples
+SWEEP_ROW = "ours, the real sweep command (python -m sweep, --pack auto, Ray's start included)"
+
+
+def peer_row(processes: int) -> str:
+    return f"peer, HF Trainer, {processes} processes at a time"
 
 
 def parse_args():
@@ -456,15 +461,14 @@ def paired_runs(args, figures, peer_model_path: str, layers: int) -> None:
     """--pairs: the sweep command's and the peer's rows (the first pair) timed again, in alternating order so
     that a drift in the machine's speed weighs on both; a row per pair and the median of the pairs' ratios."""
     processes = len(os.sched_getaffinity(0))
-    first = (figures.rows["ours, the real sweep command (python -m sweep, --pack auto, Ray's start included)"],
-             figures.rows.get(f"peer, HF Trainer, {processes} processes at a time", {}))
+    first = figures.rows[SWEEP_ROW], figures.rows.get(peer_row(processes), {})
     if "seconds_per_trial" not in first[1]:
         print(f"--pairs: no peer row of {processes} processes at a time to pair the sweep command with", flush=True)
         return
     ratios = [first[0]["seconds_per_trial"] / first[1]["seconds_per_trial"]]
     for pair in range(2, args.pairs + 1):
-        walls, failure = {}, None
-        for what in ("peer", "sweep") if pair % 2 == 0 else ("sweep", "peer"):
+        walls, failure, order = {}, None, ("peer", "sweep") if pair % 2 == 0 else ("sweep", "peer")
+        for what in order:
             timed, failure = attempt(lambda: time_sweep(args) if what == "sweep"  # noqa: B023 (called at once)
                                      else time_peer(args, peer_model_path, layers, processes),
                                      (RuntimeError, subprocess.CalledProcessError))
@@ -478,7 +482,7 @@ def paired_runs(args, figures, peer_model_path: str, layers: int) -> None:
         figures.rows[f"pair {pair}: the sweep command against the peer"] = {
             "sweep_seconds_per_trial": walls["sweep"], "peer_seconds_per_trial": walls["peer"], "ratio": ratios[-1]}
         figures.write()
-        print(f"pair {pair} ({'peer first' if pair % 2 == 0 else 'sweep first'}): the sweep command "
+        print(f"pair {pair} ({order[0]} first): the sweep command "
               f"{walls['sweep']:.1f} s/trial, the peer {walls['peer']:.1f}: {ratios[-1]:.2f}x", flush=True)
     figures.rows["the sweep command against the peer, pairs"] = {"ratios": ratios, "median": float(np.median(ratios))}
     figures.write()
@@ -784,19 +788,18 @@ def compare(args, pretrained, data, peer_model_path: str, device: str, header: d
                     *time_side_by_side(cfgs[:args.trials], data, pretrained, at_once))
     if not gpu and args.sweep:
         wall, accuracy, breakdown = time_sweep(args)
-        figures.add("ours, the real sweep command (python -m sweep, --pack auto, Ray's start included)", args.trials,
-                    wall, accuracy, **breakdown)
+        figures.add(SWEEP_ROW, args.trials, wall, accuracy, **breakdown)
     if not args.skip_unfused:
         figures.add("ours, unfused (one trial at a time)", args.trials, *time_unfused(cfgs[:args.trials], data, pretrained))
     for processes in args.peer_processes or ([1, 2, 4] if gpu else [len(os.sched_getaffinity(0))]):
         if processes:
-            name = f"peer, HF Trainer, {processes} processes at a time"
+            name = peer_row(processes)
             timed, failure = attempt(lambda: time_peer(args, peer_model_path, layers, processes), RuntimeError)
             if failure is not None:
                 figures.skip(name, failure)
             else:
                 figures.add(name, args.trials, *timed)
-    if not gpu and args.sweep and args.pairs > 1:
+    if args.pairs > 1:  # a CPU run with --sweep, as checked above
         paired_runs(args, figures, peer_model_path, layers)
     if args.compare_func:
         for size in (1, 4):
