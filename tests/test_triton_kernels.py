@@ -155,7 +155,8 @@ def test_recorded_steps_updated_by_the_kernel_keep_the_cast_and_the_numbers(pret
     recorded, op_by_op = as_on_gpu(Pack(cfgs, synthetic, pretrained)), as_on_gpu(Pack(cfgs, synthetic, pretrained))
     recorded.graphs = StepGraphs(recorded, graph=RecordedOps, side=Here())
     op_by_op.optimizer.read_lr_from_device()  # as the graphs read them
-    for got, want in zip(epochs(recorded, 1), epochs(op_by_op, 1)):
+    # 10 of an epoch's 16 steps: the interpreter takes seconds over each step's launches
+    for got, want in zip(epochs(recorded, 1, steps=10), epochs(op_by_op, 1, steps=10)):
         assert torch.equal(got, want)
     assert recorded.graphs.replays > 5 and recorded.encoder.low_at == recorded.optimizer.step_count
     assert all(torch.equal(a, b) for a, b in zip(state(recorded), state(op_by_op)))
