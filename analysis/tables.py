@@ -19,7 +19,7 @@ import pandas as pd
 from scipy import stats
 
 from analysis.results import CORE_COLUMNS, as_list
-from analysis.schema import settings
+from analysis.schema import ROLES, settings
 from analysis.stats import (condition_columns, condition_table, correlation, split_settings, stein_outcomes,
                             summarize, with_stein_intervals)
 from trialrows.summaries import STATISTICS
@@ -268,6 +268,30 @@ def mixed_settings_lines(rows: pd.DataFrame) -> list[str]:
              for experiment, by in mixed.items()]
     return ["This store mixes settings (" + "; ".join(parts) + "): each value is its own condition in every "
             "table and figure, which show the column."]
+
+
+# Library versions that can change a trial's numbers for the same configuration and seed, and what is known to.
+NUMBERS_VERSIONS = {
+    "torch_version": ("torch", " (torch 2.12 changed how `nn.init.trunc_normal_` draws reinitialized weights)"),
+    "transformers_version": ("transformers", ""),
+}
+if set(NUMBERS_VERSIONS) - set(ROLES):  # a misspelled column would never say anything
+    raise ValueError(f"NUMBERS_VERSIONS names {sorted(set(NUMBERS_VERSIONS) - set(ROLES))}, not row columns")
+
+
+def mixed_versions_lines(rows: pd.DataFrame) -> list[str]:
+    """One sentence per library whose version differs among the rows: trials that share a seed pair as the
+    same draws (one layer's fresh weights whichever others are reset) only under one version."""
+    lines = []
+    for column, (library, why) in NUMBERS_VERSIONS.items():
+        counts = rows[column].dropna().value_counts().sort_index() if column in rows.columns else {}
+        if len(counts) > 1:
+            lines.append(f"The rows come from {len(counts)} {library} versions ("
+                         + ", ".join(f"{version}: {n} trials" for version, n in counts.items())
+                         + f"): one configuration and seed can give other numbers under another version{why}, "
+                         f"so trials that share a seed across them are not the same draws; `{column}` tells "
+                         "them apart.")
+    return lines
 
 
 def experiment_table(rows: pd.DataFrame, experiment: str) -> pd.DataFrame:

@@ -57,6 +57,24 @@ def test_two_settings_are_two_conditions_everywhere_and_the_report_says_so(tmp_p
     assert len([f for f in report.figures if f.name.startswith("fig2")]) == 2
 
 
+def test_a_store_from_two_torch_versions_says_so_in_the_summary_and_the_report(tmp_path, capsys):
+    from analysis.__main__ import main
+
+    folder = tmp_path / "rows"
+    for t in range(5):
+        write_row(folder, row(f"a{t}", t=t, torch_version="2.11.0" if t < 2 else "2.13.0",
+                              transformers_version="5.24.0"))
+    assert main(["summary", str(folder)]) == 0
+    out = capsys.readouterr().out
+    said = [line for line in out.splitlines() if "torch versions" in line]
+    assert len(said) == 1 and "2 torch versions (2.11.0: 2 trials, 2.13.0: 3 trials)" in said[0], out
+    assert "trunc_normal_" in said[0] and "transformers versions" not in out
+    report = build_report(folder, tmp_path / "report", formats=["png"])
+    assert said[0] in report.header
+    one = prepare(read_results(folder))
+    assert T.mixed_versions_lines(one[one["torch_version"] == "2.13.0"]) == []
+
+
 def test_a_trial_that_failed_before_reporting_breaks_nothing(tmp_path):
     folder = tmp_path / "rows"
     write_row(folder, row("early", k=2, status="error"))  # the first file: no metric_name, no dev_metric
