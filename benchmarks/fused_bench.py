@@ -31,6 +31,7 @@ import argparse
 import contextlib
 import csv
 import json
+import math
 import os
 import subprocess
 import sys
@@ -103,6 +104,12 @@ def parse_args():
                         "still go through page-locked buffers): is it the driver's lock a group loses its seconds "
                         "to, and whose? With 'all' each group's banks move at about a quarter of the speed: "
                         "compare groups' steps, not walls")
+    p.add_argument("--draws", choices=["installed", "torch-2.13"], default="installed",
+                   help="how the surgery's truncated normals are drawn, here and in the peer's processes: by the "
+                        "installed torch's nn.init (the default), or by torch 2.13's, which install.sh pins, on a host "
+                        "with an older torch (the lent GPU machines run 2.11, whose uniform_ + erfinv_ draws cost "
+                        "about a third of 2.13's rejection sampling: a set-up timed there is not a user's). The "
+                        "sweep command's own processes (--sweep) draw with the installed torch")
     p.add_argument("--peer-trial", type=json.loads, help=argparse.SUPPRESS)  # internal: one peer process
     p.add_argument("--out", help="also write the figures as JSON here")
     return p.parse_args()
@@ -529,7 +536,7 @@ def time_peer(args, model_path: str, num_layers: int, processes: int) -> tuple[f
     threads = max(1, args.threads // processes) if args.device == "cpu" else 1
     specs = [{"model_path": model_path, "data_dir": args.data_dir, "size": args.size, "epochs": args.epochs,
               "seed": t, "k": t % (num_layers + 1), "threads": threads, "device": args.device,
-              "precision": args.precision} for t in range(args.trials)]
+              "precision": args.precision, "draws": args.draws} for t in range(args.trials)]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(threads)}
 
     def run(spec: dict) -> dict:
@@ -872,13 +879,44 @@ def kept_pageable(which: str | None):
     return contextlib.nullcontext()
 
 
+def torch_2_13_trunc_normal(tensor, mean, std, a, b, generator=None):
+    """torch 2.13's `nn.init._no_grad_trunc_normal_` where the bounds hold more than 30% of the mass (the
+    surgery's +-2 std hold 95%): a whole normal draw, then, while any value is out of bounds, another whole draw
+    from the same generator for those values. tests/test_benchmarks.py holds it to the installed torch's."""
+    if tensor.is_meta:
+        return tensor
+    mass = (math.erf((b - mean) / std / math.sqrt(2.0)) - math.erf((a - mean) / std / math.sqrt(2.0))) / 2.0
+    if mass <= 0.3:
+        raise ValueError(f"--draws torch-2.13 copies torch 2.13's draw for bounds holding over 30% of the mass, "
+                         f"not ({a}, {b}) at std {std}")
+    with torch.no_grad():
+        lo, hi = tensor.new_tensor(a, device="cpu").item(), tensor.new_tensor(b, device="cpu").item()
+        result = tensor.normal_(mean, std, generator=generator)
+        while True:
+            mask = (result < lo) | (result > hi)
+            if not mask.any():
+                break
+            result = torch.where(mask, torch.empty_like(result).normal_(mean, std, generator=generator), result)
+        if tensor is not result:
+            tensor.copy_(result)
+        return tensor
+
+
+def drawn_as(draws: str):
+    """--draws: torch.nn.init's truncated normal replaced by torch 2.13's ('torch-2.13'), or left ('installed')."""
+    if draws == "torch-2.13":
+        return mock.patch("torch.nn.init._no_grad_trunc_normal_", torch_2_13_trunc_normal)
+    return contextlib.nullcontext()
+
+
 def main() -> None:
     args = parse_args()
     if args.peer_trial is not None:
-        print(json.dumps(peer_trial(args.peer_trial)))
+        with drawn_as(args.peer_trial.get("draws", "installed")):
+            print(json.dumps(peer_trial(args.peer_trial)))
         return
     torch.set_num_threads(args.threads)
-    with kept_pageable(args.pageable):
+    with kept_pageable(args.pageable), drawn_as(args.draws):
         figures = gpu_mode(args) if args.device == "cuda" else cpu_mode(args)
     if args.out:
         Path(args.out).write_text(json.dumps(figures, indent=2, default=str))
