@@ -5,7 +5,7 @@ import sys
 
 from analysis.results import prepare, read_results
 from analysis.stats import condition_table
-from analysis.tables import mixed_settings_lines, mixed_versions_lines
+from analysis.tables import mixed_lines
 from trialrows.precision import precision_table, targeted
 
 
@@ -24,7 +24,7 @@ def summary(args) -> int:
         shown = part.drop(columns=[*unused, "excluded", "mean_minus_2std", "mean_plus_2std"], errors="ignore")
         print(f"\n{experiment}" if experiment else "")
         print(shown.to_string(index=False, float_format=lambda x: f"{x:.4f}"))
-    for line in mixed_settings_lines(rows) + mixed_versions_lines(rows):
+    for line in mixed_lines(rows):
         print(f"\n{line}")
     if targeted(rows):
         print("\nprecision targets (Stein's two-stage procedure):")

@@ -215,7 +215,7 @@ def _header(results, raw: pd.DataFrame, rows: pd.DataFrame) -> list[str]:
     if "experiment" in rows.columns and len(rows):
         counts = rows["experiment"].value_counts().sort_index()
         lines.append("Experiments: " + ", ".join(f"{e} ({n})" for e, n in counts.items()) + ".")
-    lines += T.mixed_settings_lines(rows) + T.mixed_versions_lines(rows)
+    lines += T.mixed_lines(rows)
     lines.append("Intervals: 95% t-intervals with n-1 degrees of freedom (scipy.stats.t); ±2 std where the paper "
                  "used it (Figures 4, 6, 7, 8). A condition with one finished trial has a mean and no interval.")
     if targeted(rows):

@@ -12,6 +12,7 @@ the paper's +-2 std columns are there too (`mean_minus_2std`, `mean_plus_2std`).
 from __future__ import annotations
 
 import itertools
+import re
 
 import numpy as np
 import pandas as pd
@@ -270,28 +271,44 @@ def mixed_settings_lines(rows: pd.DataFrame) -> list[str]:
             "table and figure, which show the column."]
 
 
-# Library versions that can change a trial's numbers for the same configuration and seed, and what is known to.
+# Library versions that can change a trial's numbers for the same configuration and seed, and for some the
+# release known to change them: (its major.minor, what changed).
 NUMBERS_VERSIONS = {
-    "torch_version": ("torch", " (torch 2.12 changed how `nn.init.trunc_normal_` draws reinitialized weights)"),
-    "transformers_version": ("transformers", ""),
+    "torch_version": ("torch", ((2, 12), "torch 2.12 changed how `nn.init.trunc_normal_` draws reinitialized "
+                                         "weights")),
+    "transformers_version": ("transformers", None),
 }
 if set(NUMBERS_VERSIONS) - set(ROLES):  # a misspelled column would never say anything
     raise ValueError(f"NUMBERS_VERSIONS names {sorted(set(NUMBERS_VERSIONS) - set(ROLES))}, not row columns")
+
+
+def _release(version: str) -> tuple[int, int] | None:
+    """(major, minor) of a version string such as '2.13.0+cpu'; None where it has none."""
+    found = re.match(r"(\d+)\.(\d+)", version)
+    return (int(found[1]), int(found[2])) if found else None
 
 
 def mixed_versions_lines(rows: pd.DataFrame) -> list[str]:
     """One sentence per library whose version differs among the rows: trials that share a seed pair as the
     same draws (one layer's fresh weights whichever others are reset) only under one version."""
     lines = []
-    for column, (library, why) in NUMBERS_VERSIONS.items():
+    for column, (library, change) in NUMBERS_VERSIONS.items():
         counts = rows[column].dropna().value_counts().sort_index() if column in rows.columns else {}
         if len(counts) > 1:
+            releases = [r for r in map(_release, counts.index) if r is not None]
+            straddled = change is not None and len({r >= change[0] for r in releases}) > 1
             lines.append(f"The rows come from {len(counts)} {library} versions ("
                          + ", ".join(f"{version}: {n} trials" for version, n in counts.items())
-                         + f"): one configuration and seed can give other numbers under another version{why}, "
-                         f"so trials that share a seed across them are not the same draws; `{column}` tells "
+                         + "): one configuration and seed can give other numbers under another version"
+                         + (f" ({change[1]})" if straddled else "")
+                         + f", so trials that share a seed across them are not the same draws; `{column}` tells "
                          "them apart.")
     return lines
+
+
+def mixed_lines(rows: pd.DataFrame) -> list[str]:
+    """What the report's header and `summary` say of a store that mixes settings or library versions."""
+    return mixed_settings_lines(rows) + mixed_versions_lines(rows)
 
 
 def experiment_table(rows: pd.DataFrame, experiment: str) -> pd.DataFrame:

@@ -73,6 +73,9 @@ def test_a_store_from_two_torch_versions_says_so_in_the_summary_and_the_report(t
     assert said[0] in report.header
     one = prepare(read_results(folder))
     assert T.mixed_versions_lines(one[one["torch_version"] == "2.13.0"]) == []
+    # two releases on the same side of 2.12: said, without the draws' change
+    (line,) = T.mixed_versions_lines(one.assign(torch_version=["2.13.0+cpu"] * 2 + ["2.13.1"] * 3))
+    assert "2 torch versions" in line and "trunc_normal_" not in line
 
 
 def test_a_trial_that_failed_before_reporting_breaks_nothing(tmp_path):
