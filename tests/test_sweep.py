@@ -166,13 +166,19 @@ def test_a_ray_of_the_commands_own_has_the_v2_monitor_and_no_idle_workers_unless
               "ray.shutdown()\n")
     env = {k: v for k, v in os.environ.items()
            if k not in ("RAY_enable_autoscaler_v2", "RAY_prestart_worker_first_driver", "RAY_ADDRESS")}
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines()[-1].split() == ["1", "True", "None", "False"]
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                          env={**env, "RAY_enable_autoscaler_v2": "0", "RAY_prestart_worker_first_driver": "1"})
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines()[-1].split() == ["0", "False", "0", "True"]
+    # The two Rays run at once: the first waits out its whole deadline for the idle workers it should not have
+    theirs = {**env, "RAY_enable_autoscaler_v2": "0", "RAY_prestart_worker_first_driver": "1"}
+    ours, users = (subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True, env=settings) for settings in (env, theirs))
+    try:
+        for done, expected in ((ours, ["1", "True", "None", "False"]), (users, ["0", "False", "0", "True"])):
+            out, err = done.communicate(timeout=120)
+            assert done.returncode == 0, err
+            assert out.splitlines()[-1].split() == expected
+    finally:  # as subprocess.run's timeout would
+        for process in (ours, users):
+            process.kill()
+            process.wait()
 
 
 def test_trials_waiting_for_a_core_of_the_commands_own_ray_are_not_called_infeasible():
