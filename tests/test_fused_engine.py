@@ -519,6 +519,27 @@ def test_page_locked_memory_is_registered_unless_the_user_configured_torchs_allo
         register_pinned_pages.cache_clear()
 
 
+def test_a_calls_page_locked_buffers_go_back_through_torchs_public_call_and_else_its_cuda_builds(monkeypatch):
+    """torch 2.13 (what install.sh pins) has no `torch._C._host_emptyCache` in its CPU wheel, and its public
+    `torch.accelerator.empty_host_cache` is what a GPU host's call should use; torch 2.11 has only the former."""
+    from trainables import fused
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # what runs on a GPU host, recorded
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("device"))
+    monkeypatch.setattr(torch.accelerator, "empty_host_cache", lambda: calls.append("public"), raising=False)
+    monkeypatch.setattr(torch._C, "_host_emptyCache", lambda: calls.append("private"), raising=False)
+    fused.release_memory(host_cache=True)
+    assert calls == ["device", "public"]
+    calls.clear()
+    fused.release_memory()  # between the groups of a call the buffers stay, for the next group's set-up
+    assert calls == ["device"]
+    monkeypatch.delattr(torch.accelerator, "empty_host_cache")  # a torch before 2.12
+    calls.clear()
+    fused.release_memory(host_cache=True)
+    assert calls == ["device", "private"]
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="page-locked host memory needs CUDA")
 def test_groups_set_up_in_pinned_host_memory_train_as_pageable_ones_do(pretrained, synthetic, monkeypatch):
     cfgs = [dataclasses.replace(c, gpu_fraction=1.0) for c in (MIXED[0], MIXED[1], MIXED[5], MIXED[6])]

@@ -1892,8 +1892,14 @@ def release_memory(device_cache: bool = True, host_cache: bool = False) -> None:
     if torch.cuda.is_available():
         if device_cache:
             torch.cuda.empty_cache()
-        if host_cache and hasattr(torch._C, "_host_emptyCache"):  # torch's only handle on it, private
-            torch._C._host_emptyCache()
+        if host_cache and (empty := host_cache_emptier()):
+            empty()
+
+
+def host_cache_emptier():
+    """What gives torch's cached page-locked host buffers back: torch.accelerator's public call (torch 2.12 on,
+    pytorch/pytorch#171270; install.sh pins 2.13), else the private binding of CUDA builds before it (2.11)."""
+    return getattr(torch.accelerator, "empty_host_cache", None) or getattr(torch._C, "_host_emptyCache", None)
 
 
 def needs_probe(device: torch.device, run: PackRun, probed: int) -> bool:
