@@ -520,8 +520,8 @@ def test_page_locked_memory_is_registered_unless_the_user_configured_torchs_allo
 
 
 def test_a_calls_page_locked_buffers_go_back_through_torchs_public_call_and_else_its_cuda_builds(monkeypatch):
-    """torch 2.13 (what install.sh pins) has no `torch._C._host_emptyCache` in its CPU wheel, and its public
-    `torch.accelerator.empty_host_cache` is what a GPU host's call should use; torch 2.11 has only the former."""
+    """`torch.accelerator.empty_host_cache` is public from torch 2.12 (install.sh pins 2.13): a GPU host calls it.
+    A torch before it (the lent GPU machines' 2.11) has only the private binding of its CUDA builds."""
     from trainables import fused
 
     calls = []

@@ -1899,7 +1899,8 @@ def release_memory(device_cache: bool = True, host_cache: bool = False) -> None:
 def host_cache_emptier():
     """What gives torch's cached page-locked host buffers back: torch.accelerator's public call (torch 2.12 on,
     pytorch/pytorch#171270; install.sh pins 2.13), else the private binding of CUDA builds before it (2.11)."""
-    return getattr(torch.accelerator, "empty_host_cache", None) or getattr(torch._C, "_host_emptyCache", None)
+    public = getattr(getattr(torch, "accelerator", None), "empty_host_cache", None)  # torch.accelerator: 2.6 on
+    return public or getattr(torch._C, "_host_emptyCache", None)
 
 
 def needs_probe(device: torch.device, run: PackRun, probed: int) -> bool:
