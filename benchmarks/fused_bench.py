@@ -104,6 +104,12 @@ def parse_args():
                         "still go through page-locked buffers): is it the driver's lock a group loses its seconds "
                         "to, and whose? With 'all' each group's banks move at about a quarter of the speed: "
                         "compare groups' steps, not walls")
+    p.add_argument("--host-banks", choices=["held", "torch-cache"], default="held",
+                   help="GPU: the page-locked buffer each group after the first is set up in: the one the call holds "
+                        "from group to group (the default), or a fresh one a group, left to torch's page-locked cache "
+                        "once the group is on the card (the engine before 2026-11-28). torch.cuda.graph empties that "
+                        "cache as each recording begins, freeing the buffer on the training thread in the next "
+                        "group's first epoch: are those the seconds a group with a set-up beside it loses?")
     p.add_argument("--draws", choices=["installed", "torch-2.13"], default="installed",
                    help="how the surgery's truncated normals are drawn, here and in the peer's processes: by the "
                         "installed torch's nn.init (the default), or by torch 2.13's, which install.sh pins, on a host "
@@ -902,6 +908,16 @@ def torch_2_13_trunc_normal(tensor, mean, std, a, b, generator=None):
         return tensor
 
 
+def banks_from(which: str):
+    """--host-banks: 'torch-cache' gives each group a fresh page-locked buffer, as the engine did before it held
+    one for the call (trainables.fused.HostBanks); 'held': nothing changed."""
+    if which == "torch-cache":
+        from trainables.fused import page_locked
+
+        return mock.patch("trainables.fused.HostBanks.take", lambda self, numel: page_locked(numel))
+    return contextlib.nullcontext()
+
+
 def drawn_as(draws: str):
     """--draws: torch.nn.init's truncated normal replaced by torch 2.13's ('torch-2.13'), or left ('installed')."""
     if draws == "torch-2.13":
@@ -916,7 +932,7 @@ def main() -> None:
             print(json.dumps(peer_trial(args.peer_trial)))
         return
     torch.set_num_threads(args.threads)
-    with kept_pageable(args.pageable), drawn_as(args.draws):
+    with kept_pageable(args.pageable), drawn_as(args.draws), banks_from(args.host_banks):
         figures = gpu_mode(args) if args.device == "cuda" else cpu_mode(args)
     if args.out:
         Path(args.out).write_text(json.dumps(figures, indent=2, default=str))

@@ -35,3 +35,20 @@ def test_the_torch_2_13_draws_are_the_installed_torch_2_13s():
     assert torch.nn.init._no_grad_trunc_normal_ is not fused_bench.torch_2_13_trunc_normal
     with pytest.raises(ValueError, match="over 30% of the mass"):
         fused_bench.torch_2_13_trunc_normal(torch.empty(4), 0.0, 1.0, 3.0, 4.0)
+
+
+def test_the_torch_cache_arm_gives_each_group_a_fresh_page_locked_buffer(monkeypatch):
+    """fused_bench --host-banks torch-cache: the engine as it was before a call held one buffer for its groups'
+    banks (trainables.fused.HostBanks), for the next GPU session to time against."""
+    from trainables import fused
+
+    fused_bench = benchmark("fused_bench")
+    locked = []
+    monkeypatch.setattr(fused, "page_locked", lambda numel: locked.append(numel) or torch.empty(numel))
+    held = fused.HostBanks()
+    with fused_bench.banks_from("torch-cache"):
+        first, second = held.take(64), held.take(64)
+    assert len(locked) == 2 and first.data_ptr() != second.data_ptr()
+    with fused_bench.banks_from("held"):
+        first, second = held.take(64), held.take(48)
+    assert len(locked) == 3 and first.data_ptr() == second.data_ptr()

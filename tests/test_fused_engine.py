@@ -519,6 +519,36 @@ def test_page_locked_memory_is_registered_unless_the_user_configured_torchs_allo
         register_pinned_pages.cache_clear()
 
 
+def test_a_calls_groups_are_set_up_one_after_another_in_one_page_locked_buffer_it_holds(pretrained, synthetic,
+                                                                                        monkeypatch):
+    """torch.cuda.graph empties torch's page-locked cache as each recording begins: banks left to it were freed
+    in the next group's first epoch and locked anew. A call holds one buffer (HostBanks) that each group's
+    set-up writes into, and a group set up there holds exactly what a set-up in memory of its own holds."""
+    from trainables import fused
+
+    locked = []
+
+    def page_locked(numel):  # what torch's page-locked allocator gives, counted (a CPU has none)
+        locked.append(numel)
+        return torch.empty(numel)
+
+    monkeypatch.setattr(fused, "page_locked", page_locked)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU host's set-up, in host memory
+    held = fused.HostBanks()
+    groups = [[MIXED[i] for i in (0, 1, 2)], [MIXED[i] for i in (5, 6, 3)], [MIXED[i] for i in (4, 1, 0, 2)]]
+    buffers = []
+    for cfgs in groups:
+        layout, _, banks, _ = set_up_pack(cfgs, synthetic, pretrained, "cpu", align=BANK_ALIGNMENT, pin=True, held=held)
+        buffers.append((held.buffer.data_ptr(), held.buffer.numel()))
+        assert all(b.untyped_storage().data_ptr() == held.buffer.untyped_storage().data_ptr() for b in banks)
+        _, _, own, _ = set_up_pack(cfgs, synthetic, pretrained, "cpu", align=BANK_ALIGNMENT)
+        assert all(torch.equal(a, b) for a, b in zip(banks, own)), "the group before's values are all overwritten"
+    assert buffers[1] == buffers[0], "a group of the same size reuses the buffer"
+    assert buffers[2][1] > buffers[0][1], "a larger group gets a larger one"
+    banks_locked = [n for n in locked if n in {numel for _, numel in buffers}]
+    assert len(banks_locked) == 2, locked
+
+
 def test_a_calls_page_locked_buffers_go_back_through_torchs_public_call_and_else_its_cuda_builds(monkeypatch):
     """`torch.accelerator.empty_host_cache` is public from torch 2.12 (install.sh pins 2.13): a GPU host calls it.
     A torch before it (the lent GPU machines' 2.11) has only the private binding of its CUDA builds."""

@@ -342,7 +342,7 @@ class StartWeights:
         engine's speed (pageable memory is staged through a bounce buffer at about a quarter of it: 8.5 against
         about 34 GB/s on the H100's host)."""
         owned = [(name, p, w) for name, own in self.own.items() for p, w in own.items()]
-        buffer = torch.empty(sum(w.numel() for _, _, w in owned), pin_memory=True)
+        buffer = page_locked(sum(w.numel() for _, _, w in owned))
         at = 0
         for name, p, weight in owned:
             self.own[name][p] = buffer[at:at + weight.numel()].view_as(weight).copy_(weight)
@@ -437,27 +437,54 @@ def register_pinned_pages() -> None:
                       f"({error})")
 
 
-def empty_banks(size: int, widths: list[int], device, pin: bool = False) -> list[torch.Tensor]:
+def page_locked(numel: int) -> torch.Tensor:
+    """A float32 buffer in page-locked host memory, from torch's page-locked allocator."""
+    return torch.empty(numel, pin_memory=True)
+
+
+class HostBanks:
+    """A call's page-locked buffer for the host banks its groups are set up in, held from one group's set-up to
+    the next. torch.cuda.graph empties torch's page-locked cache as each recording begins (its `__enter__` calls
+    `torch._C._host_emptyCache()`, in torch 2.11 and 2.13), so banks left to that cache between groups were
+    unlocked and freed early in the next group's first epoch, on the training thread after a synchronization,
+    and the set-up after it locked its banks anew beside training (15 GB for 34 BERT-base trials). Held here,
+    they are neither. A set-up writes into the buffer only once the group before has been copied to the GPU
+    (finetune_pack prepares the next run after materializing the current one: no run then holds the buffer)."""
+
+    def __init__(self):
+        self.buffer: torch.Tensor | None = None
+
+    def take(self, numel: int) -> torch.Tensor:
+        if self.buffer is None or self.buffer.numel() < numel:
+            self.buffer = None  # a smaller one goes back before the larger is locked
+            self.buffer = page_locked(numel)
+        return self.buffer[:numel]
+
+
+def empty_banks(size: int, widths: list[int], device, pin: bool = False,
+                held: HostBanks | None = None) -> list[torch.Tensor]:
     """Banks [size, width] on `device`. `pin`: in host memory, page-locked, as views of one buffer (one
-    allocation, rounded up to a power of two once rather than once a bank), each starting at a multiple of
-    BANK_ALIGNMENT elements."""
+    allocation, rounded up to a power of two once rather than once a bank; `held`'s, where given), each starting
+    at a multiple of BANK_ALIGNMENT elements."""
     if not pin:
         return [torch.empty((size, width), device=device) for width in widths]
     starts = np.cumsum([0, *(-(-size * w // BANK_ALIGNMENT) * BANK_ALIGNMENT for w in widths)])
-    buffer = torch.empty(int(starts[-1]), pin_memory=True)
+    buffer = page_locked(int(starts[-1])) if held is None else held.take(int(starts[-1]))
     return [buffer[int(at):int(at) + size * w].view(size, w) for at, w in zip(starts, widths)]
 
 
 def set_up_pack(cfgs: list[FinetuneConfig], data: TokenizedTask, pretrained: Pretrained, device,
                 workers: int | None = None, staged: bool | None = None, align: int | None = None,
-                pin: bool = False) -> tuple[Layout, list[TrialSetup], list[torch.Tensor], StartWeights]:
+                pin: bool = False, held: HostBanks | None = None
+                ) -> tuple[Layout, list[TrialSetup], list[torch.Tensor], StartWeights]:
     """(layout, setups, banks [P, D] on `device`, their start weights): every trial set up as `finetune` would,
     `workers` trials at a time in threads (default: the CPU threads torch uses). On a CPU each trial is drawn in
     place in its row of the banks; on a GPU (`staged`) into a host copy of the pretrained rows, then copied
     over. The start weights are taken from the host rows (no copy back from a GPU). `align`: the layout's
     (default: bank_alignment(device); a pack set up in host memory for a GPU gives the GPU's). `pin`: host
     banks and start weights bound for a GPU are page-locked, where the host has the memory (worth_pinning): a
-    pack of 34 BERT-base trials moved its 15 GB of banks at 8.5 GB/s from pageable memory."""
+    pack of 34 BERT-base trials moved its 15 GB of banks at 8.5 GB/s from pageable memory. `held`: the call's
+    buffer for them (HostBanks), where the call sets several groups up."""
     template = classifier_skeleton(pretrained, data.num_labels)
     layout = Layout.of(template, bank_alignment(device) if align is None else align)
     source = pretrained_rows(layout, template, pretrained)
@@ -465,7 +492,7 @@ def set_up_pack(cfgs: list[FinetuneConfig], data: TokenizedTask, pretrained: Pre
     pin = pin and torch.device(device).type == "cpu" and torch.cuda.is_available() and \
         worth_pinning(4 * len(cfgs) * sum(layout.widths), host_memory_available())
     try:
-        banks = empty_banks(len(cfgs), layout.widths, device, pin)
+        banks = empty_banks(len(cfgs), layout.widths, device, pin, held)
     except RuntimeError as error:  # CUDA would not lock that much (its error is not an OutOfMemoryError)
         warnings.warn(f"host banks of {len(cfgs)} trials stay pageable: page-locking them failed ({error})")
         pin, banks = False, empty_banks(len(cfgs), layout.widths, device)
@@ -1676,8 +1703,8 @@ class PackParts:
 
     @classmethod
     def set_up(cls, cfgs, data, pretrained, device, workers: int | None = None, align: int | None = None,
-               pin: bool = False) -> "PackParts":
-        return cls(*set_up_pack(cfgs, data, pretrained, device, workers, align=align, pin=pin))
+               pin: bool = False, held: HostBanks | None = None) -> "PackParts":
+        return cls(*set_up_pack(cfgs, data, pretrained, device, workers, align=align, pin=pin, held=held))
 
 
 # --- training a pack to the end ----------------------------------------------------------------------------
@@ -1720,12 +1747,14 @@ class PackRun:
         self.resumed_from = resumed_from
         self.pending: concurrent.futures.Future | None = None
 
-    def prepare(self, cfgs, data, pretrained, executor: concurrent.futures.Executor, device) -> None:
-        """Set the members up in the background, in host memory (laid out for `device`, where they will train),
-        unless that is done or under way."""
+    def prepare(self, cfgs, data, pretrained, executor: concurrent.futures.Executor, device,
+                held: HostBanks | None = None) -> None:
+        """Set the members up in the background, in host memory (laid out for `device`, where they will train;
+        for a GPU in `held`'s page-locked buffer, where given), unless that is done or under way."""
         if self.pack is None and self.parts is None and self.pending is None:
             self.pending = executor.submit(PackParts.set_up, [cfgs[i] for i in self.members], data, pretrained, "cpu",
-                                           align=bank_alignment(device), pin=torch.device(device).type == "cuda")
+                                           align=bank_alignment(device), pin=torch.device(device).type == "cuda",
+                                           held=held)
 
     def materialize(self, cfgs, data, pretrained) -> Pack:
         if self.pack is None:
@@ -1832,7 +1861,8 @@ def finetune_pack(cfgs: list[FinetuneConfig], data: TokenizedTask, pretrained: P
         runs = [PackRun(list(range(first, min(first + size, len(cfgs))))) for first in range(0, len(cfgs), size)]
     probed = 0  # the largest group that trained past its memory probe
     groups = len(runs)
-    if device.type == "cuda" and groups > 1:
+    held = HostBanks() if device.type == "cuda" and groups > 1 else None
+    if held is not None:
         register_pinned_pages()
     # Between groups release_memory collects, so that an ended pack's memory is gone before the next is built.
     # What lived before the call (modules, checkpoint, data: 400,000 objects) is collected once, then frozen,
@@ -1850,7 +1880,7 @@ def finetune_pack(cfgs: list[FinetuneConfig], data: TokenizedTask, pretrained: P
                 try:
                     run.materialize(cfgs, data, pretrained)
                     if len(runs) > 1:  # the next group is set up while this one trains
-                        runs[1].prepare(cfgs, data, pretrained, background, device)
+                        runs[1].prepare(cfgs, data, pretrained, background, device, held)
                     trainer = Trainer(cfgs, data, pretrained, pack_id, started, report, save)
                     trainer.train(run, parked=runs[1:], done=results, probed=probed)
                     probed = max(probed, len(run.members))
@@ -1869,8 +1899,8 @@ def finetune_pack(cfgs: list[FinetuneConfig], data: TokenizedTask, pretrained: P
                     release_memory(device_cache=False)
     finally:  # the page-locked host buffers the groups came through (`pin`), on an error too
         try:
-            if device.type == "cuda" and groups > 1:
-                runs = run = None  # what is left of the groups, an error's traceback aside
+            if held is not None:
+                runs = run = held = None  # what is left of the groups, an error's traceback aside
                 release_memory(host_cache=True)
         finally:
             if freezing:
