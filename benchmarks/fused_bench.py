@@ -108,8 +108,8 @@ def parse_args():
                    help="GPU: the page-locked buffer each group after the first is set up in: the one the call holds "
                         "from group to group (the default), or a fresh one a group, left to torch's page-locked cache "
                         "once the group is on the card (the engine before 2026-11-28). torch.cuda.graph empties that "
-                        "cache as each recording begins, freeing the buffer on the training thread in the next "
-                        "group's first epoch: are those the seconds a group with a set-up beside it loses?")
+                        "cache as each recording begins, freeing a group's buffer on the training thread in its own "
+                        "first epoch: are those the seconds a group with a set-up beside it loses?")
     p.add_argument("--draws", choices=["installed", "torch-2.13"], default="installed",
                    help="how the surgery's truncated normals are drawn, here and in the peer's processes: by the "
                         "installed torch's nn.init (the default), or by torch 2.13's, which install.sh pins, on a host "

@@ -445,11 +445,11 @@ def page_locked(numel: int) -> torch.Tensor:
 class HostBanks:
     """A call's page-locked buffer for the host banks its groups are set up in, held from one group's set-up to
     the next. torch.cuda.graph empties torch's page-locked cache as each recording begins (its `__enter__` calls
-    `torch._C._host_emptyCache()`, in torch 2.11 and 2.13), so banks left to that cache between groups were
-    unlocked and freed early in the next group's first epoch, on the training thread after a synchronization,
-    and the set-up after it locked its banks anew beside training (15 GB for 34 BERT-base trials). Held here,
-    they are neither. A set-up writes into the buffer only once the group before has been copied to the GPU
-    (finetune_pack prepares the next run after materializing the current one: no run then holds the buffer)."""
+    `torch._C._host_emptyCache()`: torch 2.13's source; reported of 2.11 too), so a group's banks, left to that
+    cache once copied to the card, were unlocked and freed early in the group's own first epoch, on the training
+    thread after a synchronization, and the next group's set-up locked its banks anew beside training (15 GB for
+    34 BERT-base trials). Held here, they are neither. A set-up writes into the buffer once the group before is
+    on the GPU (finetune_pack prepares the next run after materializing the current one: no run then holds it)."""
 
     def __init__(self):
         self.buffer: torch.Tensor | None = None
