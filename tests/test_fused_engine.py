@@ -544,6 +544,12 @@ def test_a_calls_groups_are_set_up_one_after_another_in_one_page_locked_buffer_i
         _, _, own, _ = set_up_pack(cfgs, synthetic, pretrained, "cpu", align=BANK_ALIGNMENT)
         assert all(torch.equal(a, b) for a, b in zip(banks, own)), "the group before's values are all overwritten"
     assert buffers[1] == buffers[0], "a group of the same size reuses the buffer"
+    # the host reads the held buffer as taken memory: a group that fits in it goes there however little is free
+    monkeypatch.setattr(fused, "host_memory_available", lambda: 0)
+    *_, banks, _ = set_up_pack(groups[0], synthetic, pretrained, "cpu", align=BANK_ALIGNMENT, pin=True, held=held)
+    assert banks[0].untyped_storage().data_ptr() == held.buffer.untyped_storage().data_ptr()
+    *_, banks, _ = set_up_pack(groups[0], synthetic, pretrained, "cpu", align=BANK_ALIGNMENT, pin=True)
+    assert banks[0].untyped_storage().data_ptr() != held.buffer.untyped_storage().data_ptr(), "else: pageable"
     assert buffers[2][1] > buffers[0][1], "a larger group gets a larger one"
     banks_locked = [n for n in locked if n in {numel for _, numel in buffers}]
     assert len(banks_locked) == 2, locked

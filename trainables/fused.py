@@ -454,6 +454,11 @@ class HostBanks:
     def __init__(self):
         self.buffer: torch.Tensor | None = None
 
+    def holds(self, nbytes: int) -> bool:
+        """Whether the buffer held has room for `nbytes` already (locking it took that memory from what the host
+        reads as available: worth_pinning's check is for new locks)."""
+        return self.buffer is not None and self.buffer.numel() * self.buffer.element_size() >= nbytes
+
     def take(self, numel: int) -> torch.Tensor:
         if self.buffer is None or self.buffer.numel() < numel:
             self.buffer = None  # a smaller one goes back before the larger is locked
@@ -489,8 +494,9 @@ def set_up_pack(cfgs: list[FinetuneConfig], data: TokenizedTask, pretrained: Pre
     layout = Layout.of(template, bank_alignment(device) if align is None else align)
     source = pretrained_rows(layout, template, pretrained)
     start = StartWeights.of(layout, source)
+    nbytes = 4 * len(cfgs) * sum(layout.widths)
     pin = pin and torch.device(device).type == "cpu" and torch.cuda.is_available() and \
-        worth_pinning(4 * len(cfgs) * sum(layout.widths), host_memory_available())
+        ((held is not None and held.holds(nbytes)) or worth_pinning(nbytes, host_memory_available()))
     try:
         banks = empty_banks(len(cfgs), layout.widths, device, pin, held)
     except RuntimeError as error:  # CUDA would not lock that much (its error is not an OutOfMemoryError)
