@@ -521,9 +521,10 @@ def test_page_locked_memory_is_registered_unless_the_user_configured_torchs_allo
 
 def test_a_calls_groups_are_set_up_one_after_another_in_one_page_locked_buffer_it_holds(pretrained, synthetic,
                                                                                         monkeypatch):
-    """torch.cuda.graph empties torch's page-locked cache as each recording begins: banks left to it were freed
-    in the next group's first epoch and locked anew. A call holds one buffer (HostBanks) that each group's
-    set-up writes into, and a group set up there holds exactly what a set-up in memory of its own holds."""
+    """torch.cuda.graph empties torch's page-locked cache as each recording begins: a group's banks left to it
+    were freed in the group's own first epoch, and the next group's locked anew. A call holds one buffer
+    (HostBanks) that each group's set-up writes into, and a group set up there holds exactly what a set-up in
+    memory of its own holds."""
     from trainables import fused
 
     locked = []
@@ -538,7 +539,7 @@ def test_a_calls_groups_are_set_up_one_after_another_in_one_page_locked_buffer_i
     groups = [[MIXED[i] for i in (0, 1, 2)], [MIXED[i] for i in (5, 6, 3)], [MIXED[i] for i in (4, 1, 0, 2)]]
     buffers = []
     for cfgs in groups:
-        layout, _, banks, _ = set_up_pack(cfgs, synthetic, pretrained, "cpu", align=BANK_ALIGNMENT, pin=True, held=held)
+        *_, banks, _ = set_up_pack(cfgs, synthetic, pretrained, "cpu", align=BANK_ALIGNMENT, pin=True, held=held)
         buffers.append((held.buffer.data_ptr(), held.buffer.numel()))
         assert all(b.untyped_storage().data_ptr() == held.buffer.untyped_storage().data_ptr() for b in banks)
         _, _, own, _ = set_up_pack(cfgs, synthetic, pretrained, "cpu", align=BANK_ALIGNMENT)

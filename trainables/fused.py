@@ -454,16 +454,22 @@ class HostBanks:
     def __init__(self):
         self.buffer: torch.Tensor | None = None
 
-    def holds(self, nbytes: int) -> bool:
-        """Whether the buffer held has room for `nbytes` already (locking it took that memory from what the host
-        reads as available: worth_pinning's check is for new locks)."""
-        return self.buffer is not None and self.buffer.numel() * self.buffer.element_size() >= nbytes
+    def holds(self, numel: int) -> bool:
+        """Whether the buffer held has room for `numel` elements already (locking it took that memory from what
+        the host reads as available: worth_pinning's check is for new locks)."""
+        return self.buffer is not None and self.buffer.numel() >= numel
 
     def take(self, numel: int) -> torch.Tensor:
         if self.buffer is None or self.buffer.numel() < numel:
             self.buffer = None  # a smaller one goes back before the larger is locked
             self.buffer = page_locked(numel)
         return self.buffer[:numel]
+
+
+def bank_starts(size: int, widths: list[int]) -> np.ndarray:
+    """Where each of `size`-row banks of these widths starts in one page-locked buffer, each at a multiple of
+    BANK_ALIGNMENT elements; the last entry is the buffer's length."""
+    return np.cumsum([0, *(-(-size * w // BANK_ALIGNMENT) * BANK_ALIGNMENT for w in widths)])
 
 
 def empty_banks(size: int, widths: list[int], device, pin: bool = False,
@@ -473,7 +479,7 @@ def empty_banks(size: int, widths: list[int], device, pin: bool = False,
     at a multiple of BANK_ALIGNMENT elements."""
     if not pin:
         return [torch.empty((size, width), device=device) for width in widths]
-    starts = np.cumsum([0, *(-(-size * w // BANK_ALIGNMENT) * BANK_ALIGNMENT for w in widths)])
+    starts = bank_starts(size, widths)
     buffer = page_locked(int(starts[-1])) if held is None else held.take(int(starts[-1]))
     return [buffer[int(at):int(at) + size * w].view(size, w) for at, w in zip(starts, widths)]
 
@@ -494,9 +500,9 @@ def set_up_pack(cfgs: list[FinetuneConfig], data: TokenizedTask, pretrained: Pre
     layout = Layout.of(template, bank_alignment(device) if align is None else align)
     source = pretrained_rows(layout, template, pretrained)
     start = StartWeights.of(layout, source)
-    nbytes = 4 * len(cfgs) * sum(layout.widths)
+    numel = int(bank_starts(len(cfgs), layout.widths)[-1])
     pin = pin and torch.device(device).type == "cpu" and torch.cuda.is_available() and \
-        ((held is not None and held.holds(nbytes)) or worth_pinning(nbytes, host_memory_available()))
+        ((held is not None and held.holds(numel)) or worth_pinning(4 * numel, host_memory_available()))
     try:
         banks = empty_banks(len(cfgs), layout.widths, device, pin, held)
     except RuntimeError as error:  # CUDA would not lock that much (its error is not an OutOfMemoryError)
