@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 
 import numpy as np
 import pytest
@@ -232,6 +233,35 @@ def test_a_pack_out_of_memory_at_its_evaluation_splits_and_its_halves_draw_the_n
     split, reports = run(cfgs, synthetic, pretrained)
     assert failed and [sorted(r) for r in reports] == [[0, 1], [0, 1], [2, 3], [2, 3]]
     same_numbers(split, whole)
+
+
+def test_a_pack_out_of_memory_while_it_is_set_up_splits_and_every_member_ends_as_it_would_have(
+        pretrained, synthetic, monkeypatch):
+    """The set-up's own allocations can fail too: the first group's banks made on the card, or a later group's
+    host memory made in the background while the group before trains. Nothing has trained; the halves are set
+    up afresh, with the same draws."""
+    cfgs = [dataclasses.replace(c, eval_every=1) for c in (MIXED[0], MIXED[1], MIXED[5], MIXED[6])]
+    whole, _ = run(cfgs, synthetic, pretrained)
+    original, failed = PackParts.set_up.__func__, []
+
+    def set_up(cls, cfgs, *args, **kwargs):
+        if fails(cfgs):
+            failed.append(len(cfgs))
+            raise torch.OutOfMemoryError(f"injected: a set-up of {len(cfgs)}")
+        return original(cls, cfgs, *args, **kwargs)
+
+    monkeypatch.setattr(PackParts, "set_up", classmethod(set_up))
+    fails = lambda cfgs: len(cfgs) > 2  # noqa: E731  the one group of 4, set up where it trains
+    split, reports = run(cfgs, synthetic, pretrained)
+    assert failed == [4] and [sorted(r) for r in reports] == [[0, 1]] * 2 + [[2, 3]] * 2
+    same_numbers(split, whole)
+    failed.clear()
+    # two groups of 2: the second, set up in the background while the first trains, does not fit
+    fails = lambda cfgs: len(cfgs) > 1 and threading.current_thread().name.startswith("pack-setup")  # noqa: E731
+    grouped, reports = run(cfgs, synthetic, pretrained, device_size=2, pack_id="g")
+    assert failed == [2] and [sorted(r) for r in reports] == [[0, 1]] * 2 + [[2]] * 2 + [[3]] * 2
+    same_numbers(grouped, whole)
+    assert {r["pack_id"] for r in grouped} == {"g"}
 
 
 def test_a_pack_resumed_from_its_checkpoint_ends_with_the_same_numbers(pretrained, synthetic, tmp_path, monkeypatch):

@@ -1778,13 +1778,15 @@ class PackRun:
 
     def split(self) -> list["PackRun"]:
         """Two runs of half the members each, going on from this one's position (the step under way is done
-        again), their state in host memory until each is materialized; this run's memory is given back."""
+        again), their state in host memory until each is materialized; this run's memory is given back. A run
+        whose set-up ran out of memory (on the device, or in the background) has trained nothing: its halves are
+        set up afresh, with the same draws."""
         host = self.pack.parts() if self.pack is not None else self.parts  # an OOM may strike as it moves over
         half = len(self.members) // 2
-        self.pack = None
+        self.pack = self.pending = None
         halves = []
         for members in (list(range(half)), list(range(half, len(self.members)))):
-            parts = host.select(members)
+            parts = None if host is None else host.select(members)
             position = dataclasses.replace(
                 self.position, orders=None if self.position.orders is None else [self.position.orders[i] for i in members],
                 losses=[loss[members] for loss in self.position.losses])
