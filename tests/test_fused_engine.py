@@ -198,9 +198,18 @@ def same_numbers(got: list[dict], expected: list[dict]) -> None:
         np.testing.assert_allclose(g["weight_distance"], e["weight_distance"], rtol=1e-4)
 
 
-def test_an_out_of_memory_pack_splits_and_every_member_ends_as_it_would_have(pretrained, synthetic, monkeypatch):
-    cfgs = [dataclasses.replace(c, eval_every=1) for c in (MIXED[0], MIXED[1], MIXED[5], MIXED[6])]
-    whole, _ = run(cfgs, synthetic, pretrained)
+SPLIT = [dataclasses.replace(c, eval_every=1) for c in (MIXED[0], MIXED[1], MIXED[5], MIXED[6])]
+
+
+@pytest.fixture(scope="module")
+def whole(pretrained, synthetic):
+    """SPLIT's results as one pack that never runs out of memory."""
+    return run(SPLIT, synthetic, pretrained)[0]
+
+
+def test_an_out_of_memory_pack_splits_and_every_member_ends_as_it_would_have(pretrained, synthetic, whole,
+                                                                              monkeypatch):
+    cfgs = SPLIT
     monkeypatch.setenv(OOM_ABOVE, "2:4")  # 3 steps an epoch: the pack of 4 fails at epoch 2's second step
     split, reports = run(cfgs, synthetic, pretrained)
     same_numbers(split, whole)
@@ -236,12 +245,11 @@ def test_a_pack_out_of_memory_at_its_evaluation_splits_and_its_halves_draw_the_n
 
 
 def test_a_pack_out_of_memory_while_it_is_set_up_splits_and_every_member_ends_as_it_would_have(
-        pretrained, synthetic, monkeypatch):
+        pretrained, synthetic, whole, monkeypatch):
     """The set-up's own allocations can fail too: the first group's banks made on the card, or a later group's
     host memory made in the background while the group before trains. Nothing has trained; the halves are set
     up afresh, with the same draws."""
-    cfgs = [dataclasses.replace(c, eval_every=1) for c in (MIXED[0], MIXED[1], MIXED[5], MIXED[6])]
-    whole, _ = run(cfgs, synthetic, pretrained)
+    cfgs = SPLIT
     original, failed = PackParts.set_up.__func__, []
 
     def set_up(cls, cfgs, *args, **kwargs):
