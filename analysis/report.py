@@ -203,11 +203,15 @@ def _header(results, raw: pd.DataFrame, rows: pd.DataFrame) -> list[str]:
                       if counts else "none") + ".",
     ]
     pruned = counts.get("pruned", 0)  # lr-multipliers: stopped early by the search's scheduler, not failed
-    left = len(rows) - counts.get("ok", 0) - pruned
+    # what the tables average (trialrows.summaries.summarize): a finished trial without a value counts as failed
+    usable = int(((rows["status"] == "ok") & rows["dev_metric"].notna()).sum()) if len(rows) else 0
+    valueless = counts.get("ok", 0) - usable
+    left = len(rows) - usable - pruned
     if left:
         lines.append(f"Left out of every mean, interval and figure: {counts.get('diverged', 0)} diverged and "
-                     f"{left - counts.get('diverged', 0)} failed trials; each table counts them per condition "
-                     "(`diverged`, `failed`).")
+                     f"{left - counts.get('diverged', 0)} failed trials"
+                     + (f" ({valueless} of them finished without a dev metric)" if valueless else "")
+                     + "; each table counts them per condition (`diverged`, `failed`).")
     repeated = raw.attrs.get("repeated_rows", 0)
     if repeated:
         lines.append(f"{repeated} rows repeated a trial_id already read (the same trial in two folders, or "

@@ -253,11 +253,18 @@ def mixed_settings(rows: pd.DataFrame) -> dict[str, dict[str, list]]:
     keeps apart (epochs 3 and 10 in one store): every table and figure keeps them apart too."""
     out = {}
     for experiment, part in rows.groupby("experiment", sort=True) if "experiment" in rows.columns else []:
-        by = [c for c in EXPERIMENT_COLUMNS.get(experiment, condition_columns(part)) if c in part.columns]
-        mixed = split_settings(part, by)
+        mixed = experiment_splits(part, experiment)
         if mixed:
             out[experiment] = {c: sorted(map(str, part[c].dropna().unique())) for c in mixed}
     return out
+
+
+def experiment_splits(part: pd.DataFrame, experiment: str) -> list[str]:
+    """The settings that split an experiment's rows beyond its own table's columns, looked for across its
+    samples (View.sample: a permutation sweep's orders) rather than within one."""
+    by = [c for c in EXPERIMENT_COLUMNS.get(experiment, condition_columns(part)) if c in part.columns]
+    sample = VIEWS[experiment].sample if experiment in VIEWS else None
+    return split_settings(part, [c for c in by if c != sample], pooled=(sample,) if sample else ())
 
 
 def mixed_settings_lines(rows: pd.DataFrame) -> list[str]:
@@ -356,7 +363,7 @@ def permutation_means(rows: pd.DataFrame) -> pd.DataFrame:
     picked = of(rows, "permutation")
     if picked.empty or "permutation" not in picked.columns:
         return picked.iloc[0:0]
-    by = [c for c in [*EXPERIMENT_COLUMNS["permutation"], *split_settings(picked, EXPERIMENT_COLUMNS["permutation"])]
+    by = [c for c in [*EXPERIMENT_COLUMNS["permutation"], *experiment_splits(picked, "permutation")]
           if c in picked.columns] + ["metric_name"]
     ok = (picked["status"] == "ok") & picked["dev_metric"].notna()
     grouped = picked.assign(_ok=ok, _value=picked["dev_metric"].where(ok)).groupby(by, dropna=False, sort=False)
@@ -488,9 +495,10 @@ def sequential_table(rows: pd.DataFrame) -> pd.DataFrame:
                            intermediate_task=_col(picked, "intermediate_task").astype(object).where(
                                _col(picked, "intermediate_task").notna(), picked["task"]))
     table = _sort(summarize(picked, by), by)
-    cell = ["model", "train_size", "final_task"]
-    direct = table[table["final_task"] == table["intermediate_task"]].set_index(cell)["mean"]
-    table["direct"] = [direct.get(key, np.nan) for key in table[cell].itertuples(index=False, name=None)]
+    # a cell is everything but the intermediate task: a setting that splits the rows (epochs 3 and 10) too
+    cell = [c for c in table.columns if c not in (*SUMMARY_COLUMNS, "intermediate_task")]
+    direct = table.loc[table["final_task"] == table["intermediate_task"], [*cell, "mean"]]
+    table = table.merge(direct.rename(columns={"mean": "direct"}), on=cell, how="left")
     table["delta"] = table["mean"] - table["direct"]
     return table
 
@@ -501,11 +509,15 @@ def sequential_matrix(rows: pd.DataFrame) -> pd.DataFrame:
     table = sequential_table(rows)
     if table.empty:
         return pd.DataFrame()
-    matrix = table.pivot_table(index=["model", "train_size", "final_task"], columns="intermediate_task",
-                               values="mean", aggfunc="first", dropna=False)
+    # one block of rows per model, size and any setting that splits the rows (sequential_table's cells)
+    index = ["model", "train_size", "final_task", *(c for c in table.columns if c not in (
+        *SUMMARY_COLUMNS, "model", "train_size", "final_task", "intermediate_task", "metric_name", "direct", "delta"))]
+    matrix = table.pivot_table(index=index, columns="intermediate_task", values="mean", aggfunc="first",
+                               dropna=False)
     order = sorted(matrix.columns, key=task_key)
     matrix = matrix[order]
-    matrix = matrix.loc[sorted(matrix.index, key=lambda i: (str(i[0]), i[1], task_key(i[2])))]
+    setting = lambda v: (0, v, "") if isinstance(v, (int, float, np.number)) else (1, 0, str(v))  # noqa: E731
+    matrix = matrix.loc[sorted(matrix.index, key=lambda i: (str(i[0]), i[1], task_key(i[2]), *map(setting, i[3:])))]
     matrix.columns.name = "intermediate_task"
     return matrix
 

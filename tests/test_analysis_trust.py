@@ -57,6 +57,51 @@ def test_two_settings_are_two_conditions_everywhere_and_the_report_says_so(tmp_p
     assert len([f for f in report.figures if f.name.startswith("fig2")]) == 2
 
 
+def test_two_permutation_sweeps_at_two_settings_are_two_conditions_in_figure_4_and_table_1():
+    """Each sweep draws its own layer orders, so no order runs at both settings: the setting has to be looked
+    for across the orders (the table's samples), not within one."""
+    orders = {3: [[1, 2, 3, 4], [4, 3, 2, 1], [2, 1, 4, 3]], 10: [[1, 3, 2, 4], [3, 1, 4, 2], [2, 4, 1, 3]]}
+    rows = prepare(pd.DataFrame([
+        row(f"{task}-{epochs}-{p}", experiment="permutation", task=task, k=None, reinit_mode=None, epochs=epochs,
+            value=base + (0.3 if epochs == 10 else 0.0) + 0.01 * p, permutation=order, permutation_index=p,
+            permutation_seed=p + epochs)
+        for epochs, drawn in orders.items() for p, order in enumerate(drawn)
+        for task, base in (("sst2", 0.6), ("cola", 0.3))]))
+    table = T.permutation_table(rows)
+    sst2 = table[table["task"] == "sst2"].set_index("epochs")
+    assert list(sst2["n"]) == [3, 3] and sst2.loc[10, "mean"] == pytest.approx(0.91)
+    correlations = T.permutation_correlations(rows)  # pooled, epochs alone would make Spearman 1.0
+    assert list(correlations["n"]) == [3, 3] and set(correlations["epochs"]) == {3, 10}
+    assert T.mixed_settings(rows) == {"permutation": {"epochs": ["10", "3"]}}
+
+
+def test_sequential_finetuning_at_two_settings_is_measured_against_direct_finetuning_at_the_same_one():
+    rows = prepare(pd.DataFrame([
+        row(f"{via or 'direct'}{epochs}-{t}", experiment="sequential", k=None, reinit_mode=None, t=t, epochs=epochs,
+            intermediate_task=via, value=base + (0.05 if via else 0.0) + 0.01 * t)
+        for epochs, base in ((3, 0.8), (10, 0.6)) for t in range(3) for via in (None, "qnli")]))
+    table = T.sequential_table(rows).set_index(["intermediate_task", "epochs"])
+    assert len(table) == 4 and table.loc[("qnli", 3), "direct"] == pytest.approx(0.81)
+    assert list(table["delta"]) == pytest.approx([0.0, 0.0, 0.05, 0.05])
+    matrix = T.sequential_matrix(rows)
+    assert list(matrix.index.get_level_values("epochs")) == [3, 10]
+    assert matrix.to_numpy() == pytest.approx(np.array([[0.81, 0.86], [0.61, 0.66]]))
+
+
+def test_the_reports_count_of_trials_left_out_is_the_tables_own(tmp_path):
+    """A trial can finish ('ok': its loss stayed finite) without a value (an undefined correlation): the
+    tables count it as failed, and so does the report's header."""
+    folder = tmp_path / "rows"
+    for t in range(4):
+        write_row(folder, row(f"a{t}", t=t, k=2, value=float("nan") if t == 3 else 0.7 + 0.01 * t))
+    table = T.incremental_table(prepare(read_results(folder)))
+    assert list(table["n"]) == [3] and list(table["failed"]) == [1]
+    report = build_report(folder, tmp_path / "report", formats=["png"])
+    assert "Trials: 4 ok, 0 diverged, 0 error." in report.header
+    assert any(line.startswith("Left out of every mean, interval and figure: 0 diverged and 1 failed trials (1 of "
+                               "them finished without a dev metric)") for line in report.header), report.header
+
+
 def test_a_store_from_two_torch_versions_says_so_in_the_summary_and_the_report(tmp_path, capsys):
     from analysis.__main__ import main
 

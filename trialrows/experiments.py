@@ -27,6 +27,9 @@ class View:
     """What the experiment's rows hold, for the report."""
 
     columns: tuple[str, ...]  # what the experiment's table keeps apart
+    # One of `columns` whose values are the table's samples (its n), not conditions: a setting that splits the
+    # conditions is looked for across them (two permutation sweeps draw different orders, at epochs 3 and 10).
+    sample: str | None = None
     finetunes: bool = False  # rows finetune the pretrained model with some part reset (paired with the full model)
     reset_column: str | None = None  # set only where something is reset: null marks the full model
     title: str = ""  # set: a table and a figure made from this entry (analysis.tables/figures.experiment_*)
@@ -37,6 +40,10 @@ class View:
     # settings): a store opens at one type whichever file comes first. A column is declared once, by the
     # first experiment that writes it; another may write it too.
     new_columns: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self):
+        if self.sample is not None and self.sample not in self.columns:
+            raise ValueError(f"View.sample {self.sample!r} is not one of its columns {list(self.columns)}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -361,7 +368,7 @@ register(Experiment("localized", localized, "a block of consecutive layers reini
 register(Experiment("single-layer", single_layer, "exactly one layer reinitialized, each in turn (Figure 6)",
                     View((*FINETUNED, "layer"), finetunes=True), (LAYERS,), {"paper": dict(PAPER_5K, trials=["3"])}))
 register(Experiment("permutation", permutation, "every layer pretrained, in a shuffled order (Figure 4, Table 1)",
-                    View((*CELL, "permutation")), (PERMUTATIONS,),
+                    View((*CELL, "permutation"), sample="permutation"), (PERMUTATIONS,),
                     {"paper": dict(PAPER_5K, trials=["1"], permutations=10), "demo": dict(trials=["1"], permutations=4)},
                     surgery=("permute",)))
 # From the course reports (no grid given there): every layer x head, 5k, 3 trials.
