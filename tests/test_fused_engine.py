@@ -270,6 +270,20 @@ def test_a_pack_out_of_memory_while_it_is_set_up_splits_and_every_member_ends_as
     assert failed == [2] and [sorted(r) for r in reports] == [[0, 1]] * 2 + [[2]] * 2 + [[3]] * 2
     same_numbers(grouped, whole)
     assert {r["pack_id"] for r in grouped} == {"g"}
+    # the second group set up, then too large to move to the card: its parts, fresh (no streams yet), split
+    monkeypatch.undo()
+    original, failed = Pack.__init__, []
+
+    def build(self, cfgs, data, pretrained, parts=None, device=None):
+        if parts is not None and parts.rng_states is None and len(cfgs) > 1:
+            failed.append(len(cfgs))
+            raise torch.OutOfMemoryError(f"injected: moving a set-up group of {len(cfgs)} to the device")
+        original(self, cfgs, data, pretrained, parts=parts, device=device)
+
+    monkeypatch.setattr(Pack, "__init__", build)
+    moved, reports = run(cfgs, synthetic, pretrained, device_size=2)
+    assert failed == [2] and [sorted(r) for r in reports] == [[0, 1]] * 2 + [[2]] * 2 + [[3]] * 2
+    same_numbers(moved, whole)
 
 
 def test_a_pack_resumed_from_its_checkpoint_ends_with_the_same_numbers(pretrained, synthetic, tmp_path, monkeypatch):
@@ -282,8 +296,9 @@ def test_a_pack_resumed_from_its_checkpoint_ends_with_the_same_numbers(pretraine
 
     clean, _ = run(cfgs, synthetic, pretrained, save=save, pack_id="p")
     assert len(saved) == 2  # after epochs 1 and 2, none after the last
-    resumed, reports = run(cfgs, synthetic, pretrained, resume=load_state(saved[0]), pack_id="p")
+    resumed, reports = run(cfgs, synthetic, pretrained, resume=load_state(saved[0]))  # the checkpoint's pack id
     same_numbers(resumed, clean)
+    assert {r["pack_id"] for r in resumed} == {"p"}
     assert [r[0]["epoch"] for r in reports] == [2, 3] and {r["resumed_from_epoch"] for r in resumed} == {1}
     assert resumed[0]["wall_seconds"] > reports[0][0]["train_seconds"]
 

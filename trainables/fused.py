@@ -1707,11 +1707,13 @@ class PackParts:
     def select(self, members: list[int]) -> "PackParts":
         """The parts of some members only (in this order)."""
         pick = lambda tensors: [t[members] for t in tensors] if tensors else None  # noqa: E731
+        # a fresh set-up's parts (a group that ran out of memory as it moved to the device) have no streams,
+        # flags or counts yet: the Pack makes them
+        each = lambda values: None if values is None else [values[i] for i in members]  # noqa: E731
         return dataclasses.replace(
-            self, setups=[self.setups[i] for i in members], banks=pick(self.banks), exp_avg=pick(self.exp_avg),
-            exp_avg_sq=pick(self.exp_avg_sq), start=self.start.select(members),
-            rng_states=[self.rng_states[i] for i in members], active=[self.active[i] for i in members],
-            clipped=[self.clipped[i] for i in members])
+            self, setups=each(self.setups), banks=pick(self.banks), exp_avg=pick(self.exp_avg),
+            exp_avg_sq=pick(self.exp_avg_sq), start=self.start.select(members), rng_states=each(self.rng_states),
+            active=each(self.active), clipped=each(self.clipped))
 
     @classmethod
     def set_up(cls, cfgs, data, pretrained, device, workers: int | None = None, align: int | None = None,
@@ -1851,7 +1853,7 @@ def finetune_pack(cfgs: list[FinetuneConfig], data: TokenizedTask, pretrained: P
     started = time.perf_counter()
     torch.set_num_threads(max(1, max(c.threads for c in cfgs)))
     check_pack(cfgs, pretrained)
-    pack_id = pack_id or uuid.uuid4().hex[:12]
+    pack_id = pack_id or (resume or {}).get("pack_id") or uuid.uuid4().hex[:12]
     results: list[dict] = [{} for _ in cfgs]
     device = pick_device(cfgs[0].gpu_fraction)
     # The ended packs of an earlier call in this process (a reused trial actor) go first: on a GPU their memory
