@@ -14,9 +14,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from tests.test_fused import LAYERS, MIXED, trial, without_dropout
 from trainables.ablations import HeadReinit, Permute, Reinit, apply_ablation
 from trainables.finetune import make_optimizer
-from trainables.fused import (BANK_ALIGNMENT, OOM_ABOVE, Pack, PackParts, PackRun, Position, batch_arrays, bucket,
-                              cgroup_headroom, finetune_pack, hf_parameters, host_memory_available, needs_probe,
-                              pinned_allocator_settings, register_pinned_pages, set_up_pack, worth_pinning)
+from trainables.fused import (BANK_ALIGNMENT, OOM_ABOVE, Pack, PackOptimizer, PackParts, PackRun, Position,
+                              RowGradient, batch_arrays, bucket, cgroup_headroom, finetune_pack, hf_parameters,
+                              host_memory_available, needs_probe, pinned_allocator_settings, register_pinned_pages,
+                              set_up_pack, worth_pinning)
 from trainables.memory import MemoryAccountant
 from trainables.models import build_classifier
 from trainables.state import load_state, save_state
@@ -284,6 +285,37 @@ def test_a_pack_out_of_memory_while_it_is_set_up_splits_and_every_member_ends_as
     moved, reports = run(cfgs, synthetic, pretrained, device_size=2)
     assert failed == [2] and [sorted(r) for r in reports] == [[0, 1]] * 2 + [[2]] * 2 + [[3]] * 2
     same_numbers(moved, whole)
+
+
+def test_a_step_runs_out_of_memory_before_its_update_or_fails_whole_never_taken_twice(
+        pretrained, synthetic, whole, monkeypatch):
+    """A step allocates what it needs before it updates the weights: an out-of-memory error up to there splits
+    the pack, whose halves take the step once. One during the update itself (left partly done) fails the call,
+    where its halves would have taken the step again from the partly updated weights."""
+    read, calls = RowGradient.read, []
+
+    def reading(self):
+        calls.append(self.table.shape[0])
+        if self.table.shape[0] == 4 and len(calls) == 5:  # the pack of 4's fifth step (epoch 2's second)
+            raise torch.OutOfMemoryError("injected: the rows the step read, listed before its update")
+        return read(self)
+
+    monkeypatch.setattr(RowGradient, "read", reading)
+    split, reports = run(SPLIT, synthetic, pretrained)
+    assert len(calls) > 5 and [sorted(r) for r in reports] == [[0, 1, 2, 3], [0, 1], [2, 3]]
+    same_numbers(split, whole)
+    monkeypatch.undo()
+    update, steps = PackOptimizer.step, []
+
+    def updating(self, coef):
+        update(self, coef)
+        steps.append(len(coef))
+        if len(steps) == 5:
+            raise torch.OutOfMemoryError("injected: a temporary of the update")
+
+    monkeypatch.setattr(PackOptimizer, "step", updating)
+    with pytest.raises(RuntimeError, match="ran out of memory while its weights were updated"):
+        run(SPLIT, synthetic, pretrained)
 
 
 def test_a_pack_resumed_from_its_checkpoint_ends_with_the_same_numbers(pretrained, synthetic, tmp_path, monkeypatch):

@@ -836,10 +836,15 @@ class RowGradient:
         self.touched.append(flat)
         return _RowLookup.apply(self.table, flat, self).view(*ids.shape, self.table.shape[-1])
 
-    def clear(self) -> None:
-        if self.touched:
-            self.rows.index_fill_(0, torch.cat(self.touched), 0.0)
-            self.touched = []
+    def read(self) -> torch.Tensor | None:
+        """The rows read since the last clear, in one tensor (made before a step's update: see Pack.torn)."""
+        return torch.cat(self.touched) if self.touched else None
+
+    def clear(self, read: torch.Tensor | None) -> None:
+        """Zero the rows `read` (self.read()) and start listing anew."""
+        if read is not None:
+            self.rows.index_fill_(0, read, 0.0)
+        self.touched = []
 
     def _distinct(self) -> torch.Tensor:
         return torch.unique(torch.cat(self.touched)) if self.touched else self.offsets.new_zeros(0)
@@ -1298,6 +1303,7 @@ class Pack:
         self.grads: list[torch.Tensor] | None = None
         self.small_grad: torch.Tensor | None = None
         self.grad_views: dict[str, torch.Tensor] = {}
+        self.torn = False  # an update under way: the weights are partly updated until its step ends
         self.grad_rows: list[list[torch.Tensor]] = []
         P, (V, H) = len(cfgs), self.layout.shapes["word"]
         # requires_grad: autograd then calls the lookup's backward, which adds into the gradient bank itself
@@ -1437,11 +1443,16 @@ class Pack:
             torch.where(finite, losses, 0.0).sum().backward()
         self.grads[1][:, :self.layout.accumulated].copy_(self.small_grad)
         coef, clipped = clip_per_trial(self, self.max_norms)
+        # What the step still needs is allocated before its update: after it, an out-of-memory error would leave
+        # the pack a step ahead of its position, and a split's halves would take the step again.
+        read, kept = self.words.read(), clipped & self.active & finite
         if update:
+            self.torn = True
             self.optimizer.step(coef)
             self.active &= finite
-            self.clipped += clipped & self.active
-        self.words.clear()  # here, not at the next step's start: a recorded step then zeroes the rows it read
+            self.clipped += kept
+        self.words.clear(read)  # here, not at the next step's start: a recorded step then zeroes the rows it read
+        self.torn = False
         return losses.detach()
 
     def train_epoch(self) -> tuple[torch.Tensor, float]:
@@ -1639,13 +1650,14 @@ class StepGraphs:
         for name, buffer in recorded.inputs.items():
             buffer.copy_(getattr(batch, name))
         recorded.labels.copy_(labels)
+        losses = torch.empty_like(recorded.losses)  # before the update (see run_step)
         recorded.graph.replay()
         self.replays += 1
         pack.optimizer.step_count += 1
         pack.encoder.cast_at = None  # the replay cast the weights before its update
         if pack.triton:  # and its update made the cast anew
             pack.encoder.low_at = pack.optimizer.step_count
-        return recorded.losses.clone()  # before another recording's replay reuses the memory
+        return losses.copy_(recorded.losses)  # before another recording's replay reuses the memory
 
     def give_up(self, cause: str) -> None:
         """The pack's steps run op by op from now on, and the recordings' memory goes back."""
@@ -1783,6 +1795,10 @@ class PackRun:
         again), their state in host memory until each is materialized; this run's memory is given back. A run
         whose set-up ran out of memory (on the device, or in the background) has trained nothing: its halves are
         set up afresh, with the same draws."""
+        if self.pack is not None and self.pack.torn:  # halves would take the step again, from its partial update
+            raise RuntimeError(f"a pack of {len(self.members)} ran out of memory while its weights were updated: "
+                               "their state is partly updated and cannot be split; it goes on from its last "
+                               "checkpoint, if it has one, when run again")
         host = self.pack.parts() if self.pack is not None else self.parts  # an OOM may strike as it moves over
         half = len(self.members) // 2
         self.pack = self.pending = None
