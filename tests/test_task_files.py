@@ -220,3 +220,28 @@ def test_the_tokenizer_is_hashed_once_and_its_calls_leave_its_key_alone(tiny_ber
     tokenizer(["one two three four five six"], truncation=True, max_length=4)
     assert '"truncation":null' not in tokenizer.backend_tokenizer.to_str().replace(" ", "")
     assert tokenizer_fingerprint(tokenizer) == first
+
+
+def test_another_headline_metric_is_another_trial(tmp_path):
+    """A rerun with another --metric trains again: the rows record the metric it was planned with, and a trial
+    scored one way is not done under another."""
+    import dataclasses
+
+    from sweep.api import configure
+    from sweep.data import load_raw_tasks
+    from sweep.experiments import EXPERIMENTS
+    from trainables.tasks import data_fingerprint
+
+    folder = make_task(tmp_path / "reviews", ".csv")
+    planned = {}
+    for metric in (None, "accuracy", "macro_f1"):
+        grid = configure("incremental", model="minilm", task_files=[f"reviews={folder}"], tasks=["reviews"],
+                         text_columns=["review"], label_column="sentiment", sizes=[8], trials=["1"], k=[6],
+                         **({"metric": metric} if metric else {})).grid
+        raw = load_raw_tasks(grid, ["reviews"])
+        grid = dataclasses.replace(grid, data_fingerprints=(("reviews", data_fingerprint(raw["reviews"])),),
+                                   model_fingerprint="the same weights")
+        (spec,) = EXPERIMENTS["incremental"].build(grid, 6, 12)
+        planned[metric] = (spec.trial_id, spec.row().get("task_metric"))
+    assert len({trial_id for trial_id, _ in planned.values()}) == 3
+    assert [m for _, m in planned.values()] == [None, "accuracy", "macro_f1"]

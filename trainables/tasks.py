@@ -274,8 +274,10 @@ class TaskSource:
         return self.splits or (("train", "validation") if self.is_hub else ("train", "dev"))
 
     def columns(self) -> dict:
-        """What a trial's row (and identity) records of the task's definition."""
-        return {"text_columns": list(self.text_columns), "label_column": self.label_column}
+        """What a trial's row (and identity) records of the task's definition (a metric only where given: the
+        ids of trials planned before it was recorded stay as they were)."""
+        return {"text_columns": list(self.text_columns), "label_column": self.label_column,
+                **({"task_metric": self.metric} if self.metric else {})}
 
 
 def load_task_source(source: TaskSource) -> TaskData:

@@ -70,6 +70,7 @@ COLUMNS: tuple[tuple[str, pa.DataType, str], ...] = (
     ("multipliers", _FLOATS, SETTING),
     ("text_columns", _STRS, SETTING),  # a --task-file's definition: known when planned, part of the identity
     ("label_column", _STR, SETTING),
+    ("task_metric", _STR, SETTING),  # its --metric, where given: another headline metric is another condition
     # Hashes of the data and the weights the trial read: rows of changed data or weights are other conditions.
     # Null in rows written before fingerprints existed (trialrows.summaries.groupable pools those with the
     # one fingerprint their task or model has, if it has only one).
