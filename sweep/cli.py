@@ -199,10 +199,19 @@ def validate(sweep: Sweep, limits: Limits) -> list[str]:
     check = EXPERIMENTS[sweep.experiment].problems
     problems += check(grid, limits) if check else []
     problems += option_problems(sweep, EXPERIMENTS[sweep.experiment])
+    problems += ignored_problems(sweep)
     # The folder as the user typed it: resolved, a path through a symbolic link would read as another one.
     problems += data_dir_problems(grid.data_dir, [*grid.tasks, *(grid.intermediate_tasks or ())])
     problems += logger_problems(sweep.run.logger)
     return problems
+
+
+def ignored_problems(sweep: Sweep) -> list[str]:
+    """Settings given that the experiment's trials never read (Experiment.ignores)."""
+    ignores = EXPERIMENTS[sweep.experiment].ignores
+    return [f"{o.flag}: {sweep.experiment}'s trials do not read it (given: {sweep.value(o)}); leave it out"
+            for o in options_of(sweep.experiment) if o.name in ignores and o.name in sweep.given
+            and sweep.value(o) != o.default]
 
 
 def logger_problems(loggers) -> list[str]:

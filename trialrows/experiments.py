@@ -67,6 +67,9 @@ class Experiment:
     layerwise: bool = True
     problems: Callable[..., list[str]] | None = None  # (grid, limits) -> checks across its options
     surgery: tuple[str, ...] = ("reinit",)  # the ablation kinds its trials use (trainables.ablations.ABLATIONS)
+    # Settings every experiment has that its trials never read (its surgery has no pooler, say): given with
+    # another value than their default, they are refused, not silently ignored.
+    ignores: tuple[str, ...] = ()
 
     def run_function(self) -> Callable:
         return _function(self.runner or "sweep.runner:run_trials")
@@ -370,12 +373,12 @@ register(Experiment("single-layer", single_layer, "exactly one layer reinitializ
 register(Experiment("permutation", permutation, "every layer pretrained, in a shuffled order (Figure 4, Table 1)",
                     View((*CELL, "permutation"), sample="permutation"), (PERMUTATIONS,),
                     {"paper": dict(PAPER_5K, trials=["1"], permutations=10), "demo": dict(trials=["1"], permutations=4)},
-                    surgery=("permute",)))
+                    surgery=("permute",), ignores=("reinit_mode", "reinit_pooler")))
 # From the course reports (no grid given there): every layer x head, 5k, 3 trials.
 register(Experiment("heads", heads, "one attention head reinitialized, over layer x head",
                     View((*FINETUNED, "layer", "head"), finetunes=True, reset_column="head"), (LAYERS, HEADS),
                     {"paper": dict(PAPER_5K, trials=["3"]), "demo": dict(trials=["1"], layers=[1, 6], heads=[0, 6])},
-                    surgery=("reinit", "head")))
+                    surgery=("reinit", "head"), ignores=("reinit_pooler",)))
 # From the course reports: the SST-2/CoLA/QNLI matrix at 5k, 3 trials.
 register(Experiment("sequential", sequential, "finetune on an intermediate task, then on the final one",
                     View((*CELL, "intermediate_task")), (INTERMEDIATE_TASKS,), {"paper": dict(PAPER_5K, trials=["3"])}))
@@ -385,7 +388,8 @@ register(Experiment("probing", probing, "the frozen model probed at every layer 
                     View((*CELL, "probe", "layer")),
                     (PROBE_LAYERS, PROBES, PATIENCE, MAX_PROBE_EPOCHS, PROBE_LR, PROBE_VAL_FRACTION),
                     {"paper": dict(sizes=[], fractions=[1.0], trials=["8"], skip=[]), "demo": dict(trials=["2"])},
-                    runner="sweep.probing:run_probing", layerwise=False, problems=probing_problems))
+                    runner="sweep.probing:run_probing", layerwise=False, problems=probing_problems,
+                    ignores=("epochs", "lr", "reinit_mode", "reinit_pooler")))
 # Ours (the paper only tried 5x): one study per incremental cell at 500 examples; demo: two cells (k=0 stays
 # at chance at the base rate, k=3 learns already: room for the search either way, a few minutes).
 register(Experiment("lr-multipliers", lr_multipliers, "an Optuna search over per-layer learning-rate multipliers, "
@@ -400,7 +404,7 @@ register(Experiment("sublayer", sublayer, "only the attention or only the feed-f
                               "(sublayer empty) is the same grid's baseline.", x="layer", series="sublayer",
                          new_columns=(("sublayer", "string"),)),
                     (LAYERS, SUBLAYER_PARTS), {"paper": dict(PAPER_5K, trials=["3"]), "demo": dict(trials=["1"], layers=[1, 6])},
-                    surgery=("reinit", "sublayer")))
+                    surgery=("reinit", "sublayer"), ignores=("reinit_pooler",)))
 register(Experiment("alternate", alternate, "every other layer reinitialized: the odd ones or the even ones",
                     View((*FINETUNED, "parity"), finetunes=True, title="Every other layer reinitialized (odd or even "
                          "layers)", x="parity", new_columns=(("parity", "string"),)),
@@ -416,7 +420,7 @@ register(Experiment("embeddings", embeddings, "only the embeddings reinitialized
                          note="Word, position and token-type embeddings (and their LayerNorm) drawn afresh; every "
                               "layer and the pooler pretrained. Against the full model (the reference line)."),
                     presets={"paper": dict(PAPER_5K, trials=["3"]), "demo": dict(trials=["1"])},
-                    surgery=("embeddings",)))
+                    surgery=("embeddings",), ignores=("reinit_mode", "reinit_pooler")))
 
 VIEWS: dict[str, View] = {name: e.view for name, e in EXPERIMENTS.items()}
 KNOWN_EXPERIMENTS = tuple(EXPERIMENTS)
