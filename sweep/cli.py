@@ -199,10 +199,35 @@ def validate(sweep: Sweep, limits: Limits) -> list[str]:
     check = EXPERIMENTS[sweep.experiment].problems
     problems += check(grid, limits) if check else []
     problems += option_problems(sweep, EXPERIMENTS[sweep.experiment])
-    problems += ignored_problems(sweep)
+    problems += ignored_problems(sweep) + cell_problems(sweep)
     # The folder as the user typed it: resolved, a path through a symbolic link would read as another one.
     problems += data_dir_problems(grid.data_dir, [*grid.tasks, *(grid.intermediate_tasks or ())])
     problems += logger_problems(sweep.run.logger)
+    return problems
+
+
+def cell_problems(sweep: Sweep) -> list[str]:
+    """--trials and --skip words that name no cell of the grid, and --sizes that no count covers: each would
+    leave cells out of the sweep without a word. (Sizes from --fractions are known once the splits are read:
+    the plan's count of trials catches what those leave empty.)"""
+    grid, problems = sweep.grid, []
+    counts = dict(grid.trials)
+    if grid.fractions or sweep.run.target_ci is not None:  # a precision target sets every count
+        return problems
+    sizes = ", ".join(map(str, grid.sizes))
+    stray = [trial_word((s, n)) for s, n in grid.trials if s and s not in grid.sizes]
+    if stray and "trials" in sweep.given:
+        problems.append(f"--trials: {' '.join(stray)} names a size not in --sizes ({sizes}); give SIZE=COUNT "
+                        "for sizes of the grid, or a count for every size (e.g. 3)")
+    uncounted = [str(s) for s in grid.sizes if s not in counts and 0 not in counts]
+    if uncounted:
+        problems.append(f"--trials: no count for size {', '.join(uncounted)} (given: "
+                        f"{' '.join(map(trial_word, grid.trials))}); add SIZE=COUNT for it, or a count for every size")
+    cells = {(task, size) for task in grid.tasks for size in grid.sizes}
+    unknown = [f"{task}={size}" for task, size in grid.skip if (task, size) not in cells]
+    if unknown and "skip" in sweep.given:
+        problems.append(f"--skip: {' '.join(unknown)} is no cell of the grid (tasks {', '.join(grid.tasks)}; "
+                        f"sizes {sizes}); give TASK=SIZE of one")
     return problems
 
 
@@ -384,14 +409,18 @@ def is_unreachable(err: Exception) -> bool:
 
 def size_problems(settings: GridSettings, raw: dict) -> list[str]:
     """--sizes beyond a task's train split, from the data read (or GLUE's known split sizes in a dry run)."""
-    split = {**{t: KNOWN_TRAIN_SIZES[t] for t in settings.tasks if t in KNOWN_TRAIN_SIZES and not settings.data_dir},
+    first = [t for t in settings.intermediate_tasks or () if t not in settings.tasks]
+    split = {**{t: KNOWN_TRAIN_SIZES[t] for t in [*settings.tasks, *first]
+                if t in KNOWN_TRAIN_SIZES and not settings.data_dir},
              **{t: len(d.train) for t, d in raw.items()}}
-    problems = []
-    for task in settings.tasks:
-        largest = max((s for s in settings.sizes if (task, s) not in settings.skip), default=0)
-        if task in split and largest > split[task]:
-            problems.append(f"--sizes: {largest} is larger than the {task} train split ({split[task]:,} examples)")
-    return problems
+    largest = {task: max((s for s in settings.sizes if (task, s) not in settings.skip), default=0)
+               for task in settings.tasks}
+    problems = [f"--sizes: {largest[task]} is larger than the {task} train split ({split[task]:,} examples)"
+                for task in settings.tasks if task in split and largest[task] > split[task]]
+    # an intermediate task is trained first at each cell's size
+    return problems + [f"--sizes: {max(largest.values())} is larger than the {task} train split ({split[task]:,} "
+                       "examples), which --intermediate-tasks trains on first at that size"
+                       for task in first if task in split and max(largest.values(), default=0) > split[task]]
 
 
 def window_problems(settings: GridSettings, raw: dict) -> list[str]:
@@ -465,6 +494,11 @@ def plan(sweep: Sweep, dry_run: bool) -> Planned:
         grid = dataclasses.replace(grid, train_split_sizes=tuple((t, splits[t]) for t in tasks if t in splits))
         sweep = dataclasses.replace(sweep, grid=grid)
     count = estimated_trials(sweep, limits)
+    if count == 0:  # what is left once --skip, --trials and the experiment's own lists are applied
+        given = {"tasks": " ".join(grid.tasks), "trials": " ".join(map(trial_word, grid.trials)),
+                 "skip": " ".join(f"{t}={n}" for t, n in grid.skip) or "none"}
+        raise Refused([f"the grid holds no trial ({'; '.join(f'--{k} {v}' for k, v in given.items())}, and "
+                       f"{sweep.experiment}'s own options): nothing to run; name cells it can train"])
     if count > MAX_TRIALS:
         raise Refused([f"--trials: {' '.join(map(trial_word, grid.trials))} make a grid of {count:,} trials; "
                        f"one sweep plans at most {MAX_TRIALS:,} (split it into several --name)"])

@@ -10,7 +10,7 @@ import numpy as np
 
 from sweep.grid import TrialSpec
 from trainables.ablations import ABLATIONS, REINIT_MODES, Reinit
-from trialrows.declare import Option, at_least, declared, each, known_task, setting
+from trialrows.declare import Option, declared, each, known_task, setting
 from trialrows.experiments import EXPERIMENTS, OWN_OPTIONS, Experiment  # noqa: F401  (the registry, re-exported)
 from trialrows.recipe import TRAIN, Recipe, default_epochs, default_max_length, resolve_precision
 
@@ -99,6 +99,15 @@ def task_file_written(source) -> dict:
             "metric": source.metric}
 
 
+# Rows keep seeds as 64-bit integers, some of them the base seed plus an index (permutation_seed): a base seed
+# past that range would train and then lose its rows.
+SEED_LIMIT = 2**32
+
+
+def _seed_range(v, _) -> list[str]:
+    return [] if 0 <= v < SEED_LIMIT else [f"{v} must be at least 0 and below 2**32 ({SEED_LIMIT:,})"]
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class GridSettings(Recipe):
     """What a sweep asks for (after presets), whatever the experiment: the model, tasks, subsets, trials and
@@ -125,8 +134,8 @@ class GridSettings(Recipe):
                                            "(e.g. 0.01 0.1 1.0); replaces the preset's --sizes unless --sizes is "
                                            "given too", check=each(_fractions), bad=("0",))
     seed: int = setting(0, "base seed: trial i's subset and model seeds are drawn from (seed, i), so sweeps with "
-                        "different --seed share no subset, weight draw or batch order (default 0)", check=at_least(0),
-                        bad=("-1",))
+                        "different --seed share no subset, weight draw or batch order (default 0)", check=_seed_range,
+                        bad=(str(SEED_LIMIT),))
     skip: tuple[tuple[str, int], ...] = setting((), "cells left out of the grid, TASK=SIZE (the paper preset's "
                                                 "cola=50000)", type=skipped_cell, nargs="*", cli=False,
                                                 show=lambda v: [f"{t}={s}" for t, s in v])

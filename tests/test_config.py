@@ -224,3 +224,31 @@ def test_a_setting_the_experiments_trials_never_read_is_refused_not_ignored(expe
         default = {"--reinit-mode": "intended", "--epochs": None, "--lr": "2e-5"}[flags[0]]
         if default is not None:
             assert main([*argv, flags[0], default]) == 0
+
+
+@pytest.mark.parametrize("flags,said", [
+    (["--sizes", "500", "5000", "--trials", "500=3"], "--trials: no count for size 5000 (given: 500=3)"),
+    (["--sizes", "500", "--trials", "700=3"], "--trials: 700=3 names a size not in --sizes (500)"),
+    (["--sizes", "500", "skip: [synthtic=500]"], "--skip: synthtic=500 is no cell of the grid"),
+    (["--sizes", "500", "skip: [synthetic=500]"], "the grid holds no trial (--tasks synthetic; --trials 3; "
+                                                  "--skip synthetic=500"),
+    (["--seed", str(2**63 - 1)], "--seed: 9223372036854775807 must be at least 0 and below 2**32")])
+def test_a_grid_that_would_lose_cells_or_rows_is_refused_before_any_work(flags, said, capsys, tmp_path):
+    """Cells a --trials or --skip word leaves out without a word, a grid left empty, a seed whose rows could not
+    be stored (permutation_seed = seed + index, a 64-bit column): refused before Ray starts, in a dry run too."""
+    argv = ["incremental", "--model", "minilm", "--tasks", "synthetic", "--storage", str(tmp_path)]
+    if flags[-1].startswith("skip:"):  # a config file's setting (no flag)
+        (tmp_path / "skip.yaml").write_text(flags[-1] + "\n")
+        argv, flags = [*argv, "--config", str(tmp_path / "skip.yaml")], flags[:-1]
+    assert main([*argv, *flags]) == 2
+    err = capsys.readouterr().err
+    assert said in err and "starting Ray" not in err
+    assert not (tmp_path / "incremental").exists()
+
+
+def test_an_intermediate_task_larger_than_its_split_is_refused_in_a_dry_run(glue_dir, capsys, tmp_path):
+    argv = ["sequential", "--model", "minilm", "--tasks", "sst2", "--intermediate-tasks", "cola", "--sizes", "9000",
+            "--data-dir", str(glue_dir), "--storage", str(tmp_path), "--dry-run"]
+    assert main(argv) == 2
+    assert "--sizes: 9000 is larger than the cola train split (8,551 examples), which --intermediate-tasks trains " \
+           "on first" in capsys.readouterr().err
