@@ -106,7 +106,7 @@ class RunSettings:
     checkpoint_every: float | None = setting(
         CHECKPOINT_EVERY, "checkpoint a trial (model, optimizer, progress) at the first epoch end at least SECONDS "
         f"after its last checkpoint; 0: every epoch; off: never (default {CHECKPOINT_EVERY:g})",
-        type=checkpoint_interval, metavar="SECONDS", bad=("-1",), group=RUN_GROUP,
+        type=checkpoint_interval, metavar="SECONDS", bad=("-1",), group=RUN_GROUP, null_word="off",
         show=lambda v: "off" if v is None else v)
     keep_checkpoints: bool = setting(False, "keep a finished trial's checkpoints (default: deleted once its row is "
                                      "written)", group=RUN_GROUP)
@@ -247,8 +247,8 @@ def resolve(experiment: str, given: dict, preset: str | None = None) -> Sweep:
     values, read = {}, {}
     for name, value in given.items():
         if name in options:
-            try:
-                read[name] = options[name].read(value)
+            try:  # no sizes means something beside fractions: theirs replace the preset's (as the resolved config says)
+                read[name] = options[name].read(value, empty=name == "sizes" and bool(given.get("fractions")))
             except ValueError as err:
                 problems.append(str(err))
     if "task_files" not in read:
@@ -262,7 +262,7 @@ def resolve(experiment: str, given: dict, preset: str | None = None) -> Sweep:
         if name in read:
             values[name] = read[name]
         elif name in fill:
-            values[name] = option.read(fill[name])
+            values[name] = option.read(fill[name], empty=True)  # a preset's [] is meant (no sizes: fractions)
         else:
             values[name] = option.default
     values["data_dir"] = str(Path(values["data_dir"]).expanduser().resolve()) if values["data_dir"] else None
@@ -342,9 +342,13 @@ def read_config(path: str | Path) -> tuple[str | None, str | None, dict]:
         document = {}
     if not isinstance(document, dict):
         raise Refused([f"--config: {path} must hold a mapping of settings, not {type(document).__name__}"])
-    settings = {str(key).replace("-", "_"): value for key, value in document.items()}
-    if "task_file" in settings:  # the flag's spelling
-        settings["task_files"] = settings.pop("task_file")
+    settings, keys = {}, {}
+    for key, value in document.items():
+        name = str(key).replace("-", "_")
+        name = "task_files" if name == "task_file" else name  # the flag's spelling
+        if name in keys:  # one would silently win over the other
+            raise Refused([f"--config: {path} gives {name} twice, as '{keys[name]}' and as '{key}'; keep one"])
+        settings[name], keys[name] = value, key
     experiment, preset = settings.pop("experiment", None), settings.pop("preset", None)
     return experiment, preset, settings
 

@@ -29,7 +29,7 @@ def parse_pack(value: str) -> int | str:
 
     if value == "auto":
         return value
-    if not value.isdigit() or int(value) < 1:
+    if not isinstance(value, str) or not value.isdigit() or int(value) < 1:  # a file's list or mapping, too
         raise argparse.ArgumentTypeError(f"'{value}' is neither a whole number of trials >= 1 nor 'auto'")
     return int(value)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import typing
 from typing import Callable, Iterable
 
@@ -56,6 +57,10 @@ class Option:
     identity: bool = True  # for a trial's own settings: part of what it computes (False: changes no number)
     repeats: bool = False  # a list whose values may repeat (else a value given twice is refused)
     show: Callable | None = None  # a value as a config file writes it (default: as it is)
+    # The word the value None stands for (--checkpoint-every off): a config file's null means it too. Else
+    # null is taken only where None is the declared default ("not given": every k, the recipe's rule).
+    null_word: str | None = None
+    required: bool = False  # no declared default (a preset gives it), so null has no meaning
 
     def __post_init__(self):
         if self.name.startswith("--"):  # today's style: the flag names it
@@ -87,14 +92,18 @@ class Option:
             kwargs["metavar"] = "{" + ",".join(map(str, self.choices)) + "}"
         group.add_argument(self.flag, **{k: v for k, v in kwargs.items() if v is not None})
 
-    def read(self, value, where: str = ""):
+    def read(self, value, where: str = "", *, empty: bool = False):
         """A config file's (or the Python API's) value as this option holds it: words go through `type` as
         on the command line, a list becomes a tuple, a number of the wrong kind is converted (1 for a float
         is 1.0, so the trial's identity is the same whichever way it was written). Raises ValueError naming
-        the option."""
+        the option. `empty`: an empty list is taken even where the command line needs a value (the caller
+        knows it means something, e.g. --sizes replaced by --fractions)."""
         name = where or self.flag
-        if value is None:  # a config file's null: the setting unset (--k null: every k)
-            return None
+        if value is None:
+            if self.holds_none:
+                return None
+            raise ValueError(f"{name}: null has no meaning here; allowed: {self.allowed()}"
+                             + ("" if self.required else f" (or leave it out: default {self._default_word()})"))
         if self.switch:
             if isinstance(value, bool):
                 return value
@@ -103,15 +112,48 @@ class Option:
             raise ValueError(f"{name}: {value!r} is not true or false")
         if self.nargs is not None:
             items = list(value) if isinstance(value, (list, tuple)) else [value]
+            # The command line's nargs "+" needs a value; a file's [] would otherwise mean none (k, tasks) or,
+            # for a default of None, every one (layers): the opposite of what an empty list looks like.
+            if not items and self.nargs == "+" and self.default != () and not empty:
+                raise ValueError(f"{name}: [] names nothing; give at least one value: {self._one_value()}")
             if self.nargs not in ("+", "*") and len(items) != self.nargs:
                 raise ValueError(f"{name}: {value!r} must be {self.nargs} values")
             return tuple(self._one(item, name) for item in items)
         return self._one(value, name)
 
+    @property
+    def holds_none(self) -> bool:
+        """Whether None is a value of this option (its default, or what its null_word means)."""
+        return self.null_word is not None or (self.default is None and not self.required)
+
+    def allowed(self) -> str:
+        """What a value of this option is, in words, for a refusal."""
+        return self._one_value() if self.nargs is None else f"{self._one_value()} (one or more)"
+
+    def _one_value(self) -> str:
+        if self.switch:
+            return "true or false"
+        if self.choices:
+            word = "one of " + ", ".join(map(str, self.choices))
+        else:
+            word = {int: "a whole number", float: "a number"}.get(self.type)
+            if word is None and isinstance(self.metavar, str) and len(self.metavar) > 1:
+                word = self.metavar
+            word = word or _first_clause(self.help)
+        return f"{word} or {self.null_word}" if self.null_word else word
+
+    def _default_word(self) -> str:
+        shown = self.written(self.default)
+        if isinstance(shown, list):
+            return " ".join(map(str, shown)) or "none"
+        return str(shown).lower() if isinstance(shown, bool) else str(shown)
+
     def _one(self, value, name: str):
         if value is None:
             return None
         convert = self.type or str
+        if isinstance(value, bool) and convert not in (int, float):
+            value = self._boolean_word(value, name)
         if isinstance(value, bool) and convert in (int, float):
             raise ValueError(f"{name}: {value!r} is not a number")
         if convert in (int, float, str) and isinstance(value, (int, float, str)):
@@ -128,6 +170,25 @@ class Option:
             return convert(value)
         except Exception as err:  # argparse.ArgumentTypeError, ValueError: the converter says why
             raise ValueError(f"{name}: {err}") from None
+
+    def _boolean_word(self, value: bool, name: str) -> str:
+        """The word a YAML/TOML boolean was written as, for an option that is not a switch. YAML reads a bare
+        off (no, false) as False, which a converter would read as 0 (--checkpoint-every 0: every epoch, where
+        off is never); so the option's own word for it is taken, or the value refused."""
+        words = ("on", "yes", "true") if value else ("off", "no", "false")
+        if self.type not in (None, str) or self.choices is not None:  # else any word is a value: which one?
+            for word in words:
+                if self.choices is not None and word not in self.choices:
+                    continue
+                try:
+                    if self.type not in (None, str):
+                        self.type(word)
+                except Exception:  # the converter refuses this spelling: try the next
+                    continue
+                return word
+        shown = str(value).lower()
+        raise ValueError(f"{name}: {shown} (YAML reads a bare {'/'.join(words)} as {shown}) is not a value here; "
+                         f"allowed: {self._one_value()} (quote a word: '{words[0]}')")
 
     def written(self, value):
         """The value as a config file holds it."""
@@ -156,17 +217,28 @@ class Option:
             for item in items:
                 key = repr(item)
                 if key in seen:
-                    reasons.append(f"{self.written_item(item)!s} is given twice; give each value once")
+                    shown = self.show([item])[0] if self.show is not None else self.written_item(item)
+                    reasons.append(f"{shown!s} is given twice; give each value once")
                 seen.add(key)
         if self.check is not None and not reasons:
             reasons += list(self.check(value, limits))
         return [f"{self.flag}: {reason}" for reason in reasons]
 
 
+def _first_clause(help: str) -> str:
+    """A help text's description of the value, without what follows it: `a folder (default ./results; ...`
+    gives `a folder`."""
+    clause = help.split(";")[0]
+    if clause.count("(") > clause.count(")"):
+        clause = clause[:clause.rindex("(")]
+    return re.sub(r"\s*\(default [^()]*\)$", "", clause.strip())
+
+
 def setting(default=dataclasses.MISSING, help: str = "", **declaration) -> dataclasses.Field:
     """A dataclass field declared as a setting: `lr: float = setting(2e-5, "learning rate", check=positive)`.
     The field's type gives the word type and nargs unless the declaration says."""
     option_default = None if default is dataclasses.MISSING else default
+    declaration.setdefault("required", default is dataclasses.MISSING)
     return dataclasses.field(default=default, metadata={"option": {"help": help, "default": option_default,
                                                                    **declaration}})
 
