@@ -65,7 +65,15 @@ def _gpus(gpus, _) -> list[str]:
 NAME_BYTES = 100  # a folder name: file systems take 255 bytes, and Tune's folders and files go inside it
 
 
+def _control_characters(value: str) -> list[str]:
+    """A path with a NUL (which no file system takes) or another control character: refused, not a traceback."""
+    bad = sorted({repr(c) for c in value if ord(c) < 32 or ord(c) == 127})
+    return [f"{value!r} holds the control character(s) {', '.join(bad)}; give a name without them"] if bad else []
+
+
 def _name(name, _) -> list[str]:
+    if _control_characters(name):
+        return _control_characters(name)
     if name in ("", ".", "..") or "/" in name or "\\" in name:
         return [f"'{name}' must be one folder name (no '/', not '.' or '..'), made under --storage"]
     if len(name.encode()) > NAME_BYTES:
@@ -75,6 +83,8 @@ def _name(name, _) -> list[str]:
 
 def _storage(storage, _) -> list[str]:
     """The shape of a URI (a local folder is checked by writing, sweep.checks)."""
+    if _control_characters(storage):
+        return _control_characters(storage)
     scheme, sep, rest = storage.partition("://")
     if not sep:
         return []

@@ -123,3 +123,16 @@ def test_trials_given_twice_names_the_word_as_written(tmp_path):
     assert "--trials: 3 is given twice" in str(err.value) and "[0, 3]" not in str(err.value), str(err.value)
     with pytest.raises(Refused, match="--trials: 500=2 is given twice"):
         dry(tmp_path, trials=["500=2", "500=2"])
+
+
+@pytest.mark.parametrize("key,value", [("name", "a\\0b"), ("storage", "/tmp/s\\0t"), ("name", "a\\nb")])
+def test_a_folder_name_with_a_control_character_is_refused_not_a_traceback(key, value, tmp_path, capsys):
+    from sweep.cli import main
+
+    path = tmp_path / "c.yaml"
+    store = "" if key == "storage" else f"storage: {tmp_path / 'store'}\n"
+    path.write_text(f'experiment: incremental\n{store}{key}: "{value}"\n')
+    assert main(["--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"--{key}: " in err and "control character" in err, err
+    assert not (tmp_path / "store").exists()
