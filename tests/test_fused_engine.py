@@ -363,6 +363,20 @@ def test_a_pack_resumed_from_its_checkpoint_ends_with_the_same_numbers(pretraine
     assert [r["train_loss"] for r in resumed] == [r["train_loss"] for r in padded]
     assert [r["weight_distance"] for r in resumed] == [r["weight_distance"] for r in padded]
 
+    # A resumed pack that does not fit the device it lands on splits as it moves there, from its saved state
+    original, failed = Pack.__init__, []
+
+    def build(self, cfgs, data, pretrained, parts=None, device=None):
+        if parts is not None and parts.rng_states is not None and len(cfgs) > 1 and not failed:
+            failed.append(len(cfgs))
+            raise torch.OutOfMemoryError("injected: moving a resumed pack to the device")
+        original(self, cfgs, data, pretrained, parts=parts, device=device)
+
+    monkeypatch.setattr(Pack, "__init__", build)
+    halves, reports = run(cfgs, synthetic, pretrained, resume=load_state(saved[0]), pack_id="p")
+    assert failed == [3] and [sorted(r) for r in reports] == [[0], [0], [1, 2], [1, 2]]
+    assert [r["train_loss"] for r in halves] == pytest.approx([r["train_loss"] for r in padded], rel=1e-6)
+
 
 def test_parts_of_a_pack_make_the_same_pack(quiet, synthetic):
     pack = Pack(MIXED[:3], synthetic, quiet)
