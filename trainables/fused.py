@@ -1880,8 +1880,8 @@ def finetune_pack(cfgs: list[FinetuneConfig], data: TokenizedTask, pretrained: P
     if resume is not None:
         # In host memory, as a background set-up: the saved banks replace the set-up's, which on the device would
         # take its memory for nothing, and out of memory there would fail the call before any run could split.
-        set_up = lambda members, align: PackParts.set_up([cfgs[i] for i in members], data, pretrained, "cpu",  # noqa: E731
-                                                         align=align)
+        def set_up(members: list[int], align: int) -> PackParts:
+            return PackParts.set_up([cfgs[i] for i in members], data, pretrained, "cpu", align=align)
         runs = [PackRun.from_state(saved, set_up) for saved in resume["runs"]]
         finished = {int(i): result for i, result in resume.get("finished", {}).items()}
         for i, result in finished.items():
