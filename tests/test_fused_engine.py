@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -316,6 +317,35 @@ def test_a_step_runs_out_of_memory_before_its_update_or_fails_whole_never_taken_
     monkeypatch.setattr(PackOptimizer, "step", updating)
     with pytest.raises(RuntimeError, match="ran out of memory while its weights were updated"):
         run(SPLIT, synthetic, pretrained)
+
+
+def test_a_split_pack_keeps_the_seconds_of_the_steps_it_keeps(pretrained, synthetic, monkeypatch):
+    """A member's train_seconds (whence its row's MFU) count the steps that made its numbers: those the whole
+    pack took before an out-of-memory error (a share of each) as well as its half's."""
+    STEP = 0.25  # seconds each step is made to take, far above the rest of a step here
+    original = Pack.step
+
+    def step(self, *args, **kwargs):
+        time.sleep(STEP)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Pack, "step", step)
+    cfgs = [dataclasses.replace(c, epochs=2, eval_every=0) for c in SPLIT]  # 3 steps an epoch
+    monkeypatch.setenv(OOM_ABOVE, "2:4")  # the pack of 4's fifth step fails (it slept first), then halves of 2
+    split, _ = run(cfgs, synthetic, pretrained)
+    assert all(r["train_seconds"] >= 5 * STEP / 4 + 2 * STEP / 2 for r in split), [r["train_seconds"] for r in split]
+    monkeypatch.delenv(OOM_ABOVE)
+    evaluate, failed = Pack.evaluate, []
+
+    def failing(self, data):  # the pack of 4's last evaluation, after all six steps
+        if len(self) == 4 and not failed:
+            failed.append(True)
+            raise torch.OutOfMemoryError("injected at the last evaluation")
+        return evaluate(self, data)
+
+    monkeypatch.setattr(Pack, "evaluate", failing)
+    split, _ = run(cfgs, synthetic, pretrained)
+    assert failed and all(r["train_seconds"] >= 6 * STEP / 4 for r in split), [r["train_seconds"] for r in split]
 
 
 def test_a_pack_resumed_from_its_checkpoint_ends_with_the_same_numbers(pretrained, synthetic, tmp_path, monkeypatch):

@@ -1753,12 +1753,14 @@ class Ledger:
 @dataclasses.dataclass
 class Position:
     """Where a pack is in its training: the epoch under way (1-based), the steps of it done, its batch orders
-    (drawn while the epoch before ran, or when the first began) and the losses of those steps [steps, P]."""
+    (drawn while the epoch before ran, or when the first began), the losses of those steps [steps, P] and
+    each trial's share of their seconds (`seconds`: a split's halves carry what the whole pack spent on them)."""
 
     epoch: int = 1
     step: int = 0
     orders: list[list[np.ndarray]] | None = None
     losses: list[torch.Tensor] = dataclasses.field(default_factory=list)
+    seconds: float = 0.0
 
 
 class PackRun:
@@ -1827,7 +1829,7 @@ class PackRun:
             "exp_avg_sq": parts.exp_avg_sq, "step_count": parts.step_count, "rng_states": parts.rng_states,
             "active": parts.active, "clipped": parts.clipped, "epoch": position.epoch, "step": position.step,
             "orders": None if position.orders is None else [list(o) for o in position.orders],
-            "losses": list(position.losses), "ledgers": ledgers,
+            "losses": list(position.losses), "seconds": position.seconds, "ledgers": ledgers,
             "align": parts.layout.align,  # the banks' layout, kept wherever the run resumes
         }
 
@@ -1847,7 +1849,7 @@ class PackRun:
         orders = saved["orders"]
         position = Position(int(saved["epoch"]), int(saved["step"]),
                             None if orders is None else [[np.asarray(b) for b in o] for o in orders],
-                            list(saved["losses"]))
+                            list(saved["losses"]), float(saved.get("seconds", 0.0)))
         return cls(list(saved["members"]), None, parts, position, ledgers, resumed_from=position.epoch - 1)
 
 
@@ -2005,9 +2007,13 @@ class Trainer:
             if position.orders is None:
                 position.orders = pack.orders()
             batches, labels = ahead[2] if ahead else pack.plan(position.orders, position.step)
-            for batch, y in zip(batches, labels):
-                position.losses.append(pack.step(batch, y))
-                position.step += 1
+            try:
+                for batch, y in zip(batches, labels):
+                    position.losses.append(pack.step(batch, y))
+                    position.step += 1
+            except torch.OutOfMemoryError:  # the steps taken stay taken (the pack splits): so do their seconds
+                position.seconds += (time.perf_counter() - tick) / P
+                raise
             ahead = None
             if position.epoch < cfg.epochs:
                 # drawn and moved while the device works through the steps just issued (a GPU's host waits
@@ -2018,7 +2024,8 @@ class Trainer:
             losses = torch.stack(position.losses).mean(0).cpu().numpy()
             pack.compute.synchronize()
             pack.check_replays()
-            train_share = (time.perf_counter() - tick) / P
+            position.seconds += (time.perf_counter() - tick) / P  # an evaluation that fails keeps it
+            train_share = position.seconds
             running = np.array([ledger.running for ledger in run.ledgers])
             diverging = running & ~np.isfinite(losses)
             epoch, last = position.epoch, position.epoch == cfg.epochs
@@ -2048,6 +2055,7 @@ class Trainer:
                 reports[run.members[p]] = ledger.result
                 ledger.running = not diverging[p]
             position.epoch, position.step, position.orders, position.losses = epoch + 1, 0, None, []
+            position.seconds = 0.0
             if ahead:
                 position.orders = ahead[0]
                 pack.streams(ahead[1])
