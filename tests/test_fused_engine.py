@@ -226,21 +226,27 @@ def test_an_out_of_memory_pack_splits_and_every_member_ends_as_it_would_have(pre
     assert [sorted(r) for r in reports] == [[0, 1, 2]] * 2 + [[3]] * 2
 
 
+def evaluation_fails_once(monkeypatch, size: int) -> list:
+    """A pack of `size` runs out of memory at its first evaluation; the list returned says whether it did."""
+    original, failed = Pack.evaluate, []
+
+    def evaluate(self, split):
+        if len(self) == size and not failed:
+            failed.append(True)
+            raise torch.OutOfMemoryError(f"injected at a pack of {size}'s evaluation")
+        return original(self, split)
+
+    monkeypatch.setattr(Pack, "evaluate", evaluate)
+    return failed
+
+
 def test_a_pack_out_of_memory_at_its_evaluation_splits_and_its_halves_draw_the_next_epoch_as_it_would_have(
         pretrained, synthetic, monkeypatch):
     """The next epoch's batch orders are drawn while an epoch's steps run; an evaluation that fails after them
     hands the halves the streams as they were before that draw."""
     cfgs = [dataclasses.replace(c, epochs=2, eval_every=1) for c in (MIXED[0], MIXED[1], MIXED[5], MIXED[6])]
     whole, _ = run(cfgs, synthetic, pretrained)
-    original, failed = Pack.evaluate, []
-
-    def evaluate(self, split):
-        if len(self) == 4 and not failed:
-            failed.append(True)
-            raise torch.OutOfMemoryError("injected at the first evaluation")
-        return original(self, split)
-
-    monkeypatch.setattr(Pack, "evaluate", evaluate)
+    failed = evaluation_fails_once(monkeypatch, size=4)  # the first one
     split, reports = run(cfgs, synthetic, pretrained)
     assert failed and [sorted(r) for r in reports] == [[0, 1], [0, 1], [2, 3], [2, 3]]
     same_numbers(split, whole)
@@ -335,15 +341,7 @@ def test_a_split_pack_keeps_the_seconds_of_the_steps_it_keeps(pretrained, synthe
     split, _ = run(cfgs, synthetic, pretrained)
     assert all(r["train_seconds"] >= 5 * STEP / 4 + 2 * STEP / 2 for r in split), [r["train_seconds"] for r in split]
     monkeypatch.delenv(OOM_ABOVE)
-    evaluate, failed = Pack.evaluate, []
-
-    def failing(self, data):  # the pack of 4's last evaluation, after all six steps
-        if len(self) == 4 and not failed:
-            failed.append(True)
-            raise torch.OutOfMemoryError("injected at the last evaluation")
-        return evaluate(self, data)
-
-    monkeypatch.setattr(Pack, "evaluate", failing)
+    failed = evaluation_fails_once(monkeypatch, size=4)  # the only one, the last, after all six steps
     split, _ = run(cfgs, synthetic, pretrained)
     assert failed and all(r["train_seconds"] >= 6 * STEP / 4 for r in split), [r["train_seconds"] for r in split]
 
