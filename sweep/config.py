@@ -229,8 +229,9 @@ class Sweep:
     def settings(self) -> dict:
         """Every setting a config file holds, by name, as it writes them (the resolved config)."""
         written = {"experiment": self.experiment, "preset": self.preset}
+        ignores = EXPERIMENTS[self.experiment].ignores  # given back, they would be refused (and change nothing)
         for option in options_of(self.experiment):
-            if option.saved:
+            if option.saved and option.name not in ignores:
                 written[option.name] = option.written(self.value(option))
         if self.run.target_ci is not None:
             written.pop("trials", None)  # the target sets each condition's count; a file that fixed it is refused

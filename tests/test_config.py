@@ -226,6 +226,19 @@ def test_a_setting_the_experiments_trials_never_read_is_refused_not_ignored(expe
             assert main([*argv, flags[0], default]) == 0
 
 
+@pytest.mark.parametrize("experiment", list(EXPERIMENTS))
+def test_every_experiments_resolved_config_reads_back_without_a_setting_it_ignores(experiment, tmp_path):
+    """The demo preset sets --epochs for every experiment; probing never reads it, so its resolved config leaves
+    it out, or rerunning that file would be refused."""
+    from sweep.cli import ignored_problems
+
+    sweep = configure(experiment, storage=str(tmp_path))
+    assert not set(sweep.settings()) & set(EXPERIMENTS[experiment].ignores)
+    path = tmp_path / "sweep.yaml"
+    path.write_text(to_yaml(sweep))
+    assert ignored_problems(parse_command_line(["--config", str(path)])) == []
+
+
 @pytest.mark.parametrize("flags,said", [
     (["--sizes", "500", "5000", "--trials", "500=3"], "--trials: no count for size 5000 (given: 500=3)"),
     (["--sizes", "500", "--trials", "700=3"], "--trials: 700=3 names a size not in --sizes (500)"),
