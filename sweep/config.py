@@ -226,13 +226,25 @@ class Sweep:
     def value(self, option: Option):
         return getattr(self, option.name) if option not in TASK_FILE_DEFAULTS else None
 
+    def cells_only(self, name: str, value):
+        """--trials and --skip words of the grid's own cells: a preset's for other sizes or tasks (the paper's
+        500=50 and cola=50000 beside --sizes 5000 --tasks sst2), given back, would be refused as naming none."""
+        grid = self.grid
+        if grid.fractions:  # its sizes are known once the splits are read
+            return value
+        if name == "trials":
+            return tuple(p for p in value if not p[0] or p[0] in grid.sizes)
+        if name == "skip":
+            return tuple(c for c in value if c[0] in grid.tasks and c[1] in grid.sizes)
+        return value
+
     def settings(self) -> dict:
         """Every setting a config file holds, by name, as it writes them (the resolved config)."""
         written = {"experiment": self.experiment, "preset": self.preset}
         ignores = EXPERIMENTS[self.experiment].ignores  # given back, they would be refused (and change nothing)
         for option in options_of(self.experiment):
             if option.saved and option.name not in ignores:
-                written[option.name] = option.written(self.value(option))
+                written[option.name] = option.written(self.cells_only(option.name, self.value(option)))
         if self.run.target_ci is not None:
             written.pop("trials", None)  # the target sets each condition's count; a file that fixed it is refused
         written["name"] = self.name

@@ -230,13 +230,16 @@ def test_a_setting_the_experiments_trials_never_read_is_refused_not_ignored(expe
 def test_every_experiments_resolved_config_reads_back_without_a_setting_it_ignores(experiment, tmp_path):
     """The demo preset sets --epochs for every experiment; probing never reads it, so its resolved config leaves
     it out, or rerunning that file would be refused."""
-    from sweep.cli import ignored_problems
+    from sweep.cli import cell_problems, ignored_problems
 
     sweep = configure(experiment, storage=str(tmp_path))
     assert not set(sweep.settings()) & set(EXPERIMENTS[experiment].ignores)
     path = tmp_path / "sweep.yaml"
     path.write_text(to_yaml(sweep))
     assert ignored_problems(parse_command_line(["--config", str(path)])) == []
+    # nor the paper preset's --trials and --skip words for the sizes and tasks left out (500=50, cola=50000)
+    path.write_text(to_yaml(configure(experiment, preset="paper", tasks=["sst2"], sizes=[5000], storage=str(tmp_path))))
+    assert cell_problems(parse_command_line(["--config", str(path)])) == []
 
 
 @pytest.mark.parametrize("flags,said", [
