@@ -837,7 +837,7 @@ class RowGradient:
         return _RowLookup.apply(self.table, flat, self).view(*ids.shape, self.table.shape[-1])
 
     def read(self) -> torch.Tensor | None:
-        """The rows read since the last clear, in one tensor (made before a step's update: see Pack.torn)."""
+        """The rows read since the last clear, in one tensor (made before a step's update: see run_step)."""
         return torch.cat(self.touched) if self.touched else None
 
     def clear(self, read: torch.Tensor | None) -> None:
@@ -1303,7 +1303,6 @@ class Pack:
         self.grads: list[torch.Tensor] | None = None
         self.small_grad: torch.Tensor | None = None
         self.grad_views: dict[str, torch.Tensor] = {}
-        self.torn = False  # an update under way: the weights are partly updated until its step ends
         self.grad_rows: list[list[torch.Tensor]] = []
         P, (V, H) = len(cfgs), self.layout.shapes["word"]
         # requires_grad: autograd then calls the lookup's backward, which adds into the gradient bank itself
@@ -1447,12 +1446,15 @@ class Pack:
         # the pack a step ahead of its position, and a split's halves would take the step again.
         read, kept = self.words.read(), clipped & self.active & finite
         if update:
-            self.torn = True
-            self.optimizer.step(coef)
+            try:
+                self.optimizer.step(coef)
+            except torch.OutOfMemoryError as error:  # not one a split could take: see the message
+                raise RuntimeError(f"a pack of {len(self)} ran out of memory while its weights were updated: they "
+                                   "are partly updated, and a split's halves would take the step again; it goes "
+                                   "on from its last checkpoint, if it has one, when run again") from error
             self.active &= finite
             self.clipped += kept
         self.words.clear(read)  # here, not at the next step's start: a recorded step then zeroes the rows it read
-        self.torn = False
         return losses.detach()
 
     def train_epoch(self) -> tuple[torch.Tensor, float]:
@@ -1797,10 +1799,6 @@ class PackRun:
         again), their state in host memory until each is materialized; this run's memory is given back. A run
         whose set-up ran out of memory (on the device, or in the background) has trained nothing: its halves are
         set up afresh, with the same draws."""
-        if self.pack is not None and self.pack.torn:  # halves would take the step again, from its partial update
-            raise RuntimeError(f"a pack of {len(self.members)} ran out of memory while its weights were updated: "
-                               "their state is partly updated and cannot be split; it goes on from its last "
-                               "checkpoint, if it has one, when run again")
         host = self.pack.parts() if self.pack is not None else self.parts  # an OOM may strike as it moves over
         half = len(self.members) // 2
         self.pack = self.pending = None
