@@ -211,23 +211,20 @@ def cell_problems(sweep: Sweep) -> list[str]:
     leave cells out of the sweep without a word. (Sizes from --fractions are known once the splits are read:
     the plan's count of trials catches what those leave empty.)"""
     grid, problems = sweep.grid, []
-    counts = dict(grid.trials)
     if grid.fractions or sweep.run.target_ci is not None:  # a precision target sets every count
         return problems
     sizes = ", ".join(map(str, grid.sizes))
-    stray = [trial_word((s, n)) for s, n in grid.trials if s and s not in grid.sizes]
-    if stray and "trials" in sweep.given:
-        problems.append(f"--trials: {' '.join(stray)} names a size not in --sizes ({sizes}); give SIZE=COUNT "
-                        "for sizes of the grid, or a count for every size (e.g. 3)")
-    uncounted = [str(s) for s in grid.sizes if s not in counts and 0 not in counts]
+    trials, skips = grid.strays()
+    if trials and "trials" in sweep.given:
+        problems.append(f"--trials: {' '.join(map(trial_word, trials))} names a size not in --sizes ({sizes}); "
+                        "give SIZE=COUNT for sizes of the grid, or a count for every size (e.g. 3)")
+    uncounted = [str(s) for s in grid.sizes if not grid.trials_for(s)]
     if uncounted:
         problems.append(f"--trials: no count for size {', '.join(uncounted)} (given: "
                         f"{' '.join(map(trial_word, grid.trials))}); add SIZE=COUNT for it, or a count for every size")
-    cells = {(task, size) for task in grid.tasks for size in grid.sizes}
-    unknown = [f"{task}={size}" for task, size in grid.skip if (task, size) not in cells]
-    if unknown and "skip" in sweep.given:
-        problems.append(f"--skip: {' '.join(unknown)} is no cell of the grid (tasks {', '.join(grid.tasks)}; "
-                        f"sizes {sizes}); give TASK=SIZE of one")
+    if skips and "skip" in sweep.given:
+        problems.append(f"--skip: {' '.join(f'{t}={n}' for t, n in skips)} is no cell of the grid (tasks "
+                        f"{', '.join(grid.tasks)}; sizes {sizes}); give TASK=SIZE of one")
     return problems
 
 
@@ -417,10 +414,10 @@ def size_problems(settings: GridSettings, raw: dict) -> list[str]:
                for task in settings.tasks}
     problems = [f"--sizes: {largest[task]} is larger than the {task} train split ({split[task]:,} examples)"
                 for task in settings.tasks if task in split and largest[task] > split[task]]
-    # an intermediate task is trained first at each cell's size
-    return problems + [f"--sizes: {max(largest.values())} is larger than the {task} train split ({split[task]:,} "
-                       "examples), which --intermediate-tasks trains on first at that size"
-                       for task in first if task in split and max(largest.values(), default=0) > split[task]]
+    widest = max(largest.values(), default=0)  # an intermediate task is trained first at each cell's size
+    return problems + [f"--sizes: {widest} is larger than the {task} train split ({split[task]:,} examples), "
+                       "which --intermediate-tasks trains on first at that size"
+                       for task in first if task in split and widest > split[task]]
 
 
 def window_problems(settings: GridSettings, raw: dict) -> list[str]:

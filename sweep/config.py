@@ -72,8 +72,8 @@ def _control_characters(value: str) -> list[str]:
 
 
 def _name(name, _) -> list[str]:
-    if _control_characters(name):
-        return _control_characters(name)
+    if bad := _control_characters(name):
+        return bad
     if name in ("", ".", "..") or "/" in name or "\\" in name:
         return [f"'{name}' must be one folder name (no '/', not '.' or '..'), made under --storage"]
     if len(name.encode()) > NAME_BYTES:
@@ -83,8 +83,8 @@ def _name(name, _) -> list[str]:
 
 def _storage(storage, _) -> list[str]:
     """The shape of a URI (a local folder is checked by writing, sweep.checks)."""
-    if _control_characters(storage):
-        return _control_characters(storage)
+    if bad := _control_characters(storage):
+        return bad
     scheme, sep, rest = storage.partition("://")
     if not sep:
         return []
@@ -226,25 +226,19 @@ class Sweep:
     def value(self, option: Option):
         return getattr(self, option.name) if option not in TASK_FILE_DEFAULTS else None
 
-    def cells_only(self, name: str, value):
-        """--trials and --skip words of the grid's own cells: a preset's for other sizes or tasks (the paper's
-        500=50 and cola=50000 beside --sizes 5000 --tasks sst2), given back, would be refused as naming none."""
-        grid = self.grid
-        if grid.fractions:  # its sizes are known once the splits are read
-            return value
-        if name == "trials":
-            return tuple(p for p in value if not p[0] or p[0] in grid.sizes)
-        if name == "skip":
-            return tuple(c for c in value if c[0] in grid.tasks and c[1] in grid.sizes)
-        return value
-
     def settings(self) -> dict:
         """Every setting a config file holds, by name, as it writes them (the resolved config)."""
         written = {"experiment": self.experiment, "preset": self.preset}
         ignores = EXPERIMENTS[self.experiment].ignores  # given back, they would be refused (and change nothing)
+        # a preset's words for sizes or tasks left out (the paper's 500=50 and cola=50000 beside --sizes 5000
+        # --tasks sst2), given back, would be refused as naming no cell
+        strays = dict(zip(("trials", "skip"), self.grid.strays()))
         for option in options_of(self.experiment):
             if option.saved and option.name not in ignores:
-                written[option.name] = option.written(self.cells_only(option.name, self.value(option)))
+                value = self.value(option)
+                if option.name in strays:
+                    value = tuple(v for v in value if v not in strays[option.name])
+                written[option.name] = option.written(value)
         if self.run.target_ci is not None:
             written.pop("trials", None)  # the target sets each condition's count; a file that fixed it is refused
         written["name"] = self.name

@@ -179,6 +179,14 @@ class GridSettings(Recipe):
         counts = dict(self.trials)
         return counts.get(size, counts.get(0, 0))
 
+    def strays(self) -> tuple[tuple, tuple]:
+        """(--trials pairs, --skip cells) that name no cell of the grid: a size or task it does not have. None
+        where sizes come from --fractions (known once the splits are read)."""
+        if self.fractions:
+            return (), ()
+        return (tuple(p for p in self.trials if p[0] and p[0] not in self.sizes),
+                tuple(c for c in self.skip if c[0] not in self.tasks or c[1] not in self.sizes))
+
     def fraction_of(self, task: str, size: int) -> float | None:
         """The fraction a size came from (None for sizes given as counts)."""
         split = dict(self.train_split_sizes)
