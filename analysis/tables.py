@@ -510,8 +510,8 @@ def sequential_matrix(rows: pd.DataFrame) -> pd.DataFrame:
     if table.empty:
         return pd.DataFrame()
     # one block of rows per model, size and any setting that splits the rows (sequential_table's cells)
-    index = ["model", "train_size", "final_task", *(c for c in table.columns if c not in (
-        *SUMMARY_COLUMNS, "model", "train_size", "final_task", "intermediate_task", "metric_name", "direct", "delta"))]
+    index = [c for c in table.columns if c not in (*SUMMARY_COLUMNS, "intermediate_task", "metric_name", "direct",
+                                                   "delta")]  # model, train_size, final_task, then the settings
     matrix = table.pivot_table(index=index, columns="intermediate_task", values="mean", aggfunc="first",
                                dropna=False)
     order = sorted(matrix.columns, key=task_key)
