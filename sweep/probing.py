@@ -48,6 +48,7 @@ def group_config(specs: list[TrialSpec]) -> dict:
             "lr": first.lr,
             "batch_size": first.batch_size,
             "weight_decay": first.weight_decay,
+            "precision": first.precision,  # the frozen pass runs in the precision its rows record
         },
         "probes": [{"probe": dict(s.own_columns)["probe"], "layer": dict(s.own_columns)["layer"], "trial_id": s.trial_id,
                     "row": s.row()} for s in specs],

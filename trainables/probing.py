@@ -52,6 +52,7 @@ from trainables.models import Pretrained, build_classifier, pooler
 from trainables.rows import make_row, where_it_runs, with_ended
 from trainables.worker import quiet_stop_in_callbacks
 from trialrows.experiments import PROBE_KINDS as PROBES  # the row vocabulary, declared once
+from trialrows.recipe import PRECISIONS, resolve_precision
 # Which cached feature each probe reads: the two [CLS] probes differ in their head, not their input.
 FEATURE_OF = {"mean-pool": "mean", "cls-pooler": "pooled-cls", "truncated": "cls"}
 # The dev split's features depend on the frozen model and the split, not on the training subset: a worker
@@ -76,8 +77,12 @@ class ProbeConfig:
     eval_batch_size: int = 128
     gpu_fraction: float = 0.0
     threads: int = 1
+    precision: str = "auto"  # of the frozen encoder's pass, as the row records it; auto: as for finetuning
 
     def __post_init__(self):
+        object.__setattr__(self, "precision", resolve_precision(self.precision, self.gpu_fraction))
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision '{self.precision}' is not one of {', '.join(PRECISIONS)}")
         if self.max_epochs < 1:
             raise ValueError(f"max_epochs={self.max_epochs} must be at least 1")
         if self.patience < 1:
@@ -117,12 +122,12 @@ def pool(hidden_states: Sequence[torch.Tensor], attention_mask: torch.Tensor, fe
 
 
 def extract_features(encoder: nn.Module, split: TokenizedSplit, rows: np.ndarray, features, batch_size: int,
-                     device, pad_id: int) -> dict[str, torch.Tensor]:
+                     device, pad_id: int, precision: str = "fp32") -> dict[str, torch.Tensor]:
     """One frozen pass over `rows` of a split: {feature: float32 [len(rows), L + 1, hidden]} on the CPU, in
     the order of `rows`. Batches go by length, so little compute is spent on padding."""
     by_length = np.argsort(split.lengths[rows], kind="stable")
     out: dict[str, torch.Tensor] = {}
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
     with torch.inference_mode(), autocast:
         for start in range(0, len(rows), batch_size):
             positions = by_length[start : start + batch_size]
@@ -187,12 +192,22 @@ class ProbeFit:
     diverged: bool = False
 
 
+def probe_optimizer(head: nn.Module, cfg: ProbeConfig) -> torch.optim.AdamW:
+    """AdamW at the probe's lr; the recipe's weight decay on weights only, never on biases (run_glue's
+    no_decay, as finetuning applies it)."""
+    params = dict(head.named_parameters())
+    decayed = [p for name, p in params.items() if not name.endswith("bias")]
+    spared = [p for name, p in params.items() if name.endswith("bias")]
+    return torch.optim.AdamW([{"params": decayed, "weight_decay": cfg.weight_decay},
+                              {"params": spared, "weight_decay": 0.0}], lr=cfg.lr)
+
+
 def train_probe(head: ProbeHead, fit_x, fit_y, val_x, val_y, cfg: ProbeConfig, device) -> ProbeFit:
     """AdamW on the head alone over cached features, in minibatches of a seeded order, with early stopping
     on the validation loss; the head ends holding its best epoch's weights."""
     head.to(device)
     fit_x, fit_y, val_x, val_y = (t.to(device) for t in (fit_x, fit_y, val_x, val_y))
-    optimizer = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    optimizer = probe_optimizer(head, cfg)
     rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, BATCH_ORDER_STREAM]))
     best = ProbeFit(stop_epoch=0, best_epoch=0, val_losses=[], train_loss=float("nan"))
     best_loss, best_state = float("inf"), copy.deepcopy(head.state_dict())
@@ -254,13 +269,15 @@ def probe_subset(
     labels = torch.from_numpy(data.train.labels[rows])
     features = {FEATURE_OF[p] for p, _ in todo}
     tick = time.perf_counter()
-    train_features = extract_features(encoder, data.train, rows, features, cfg.eval_batch_size, device, pad_id)
-    dev_key = (pretrained.name, data.task, data.source, data.tokenizer, data.max_length, str(device))
+    train_features = extract_features(encoder, data.train, rows, features, cfg.eval_batch_size, device, pad_id,
+                                      cfg.precision)
+    dev_key = (pretrained.name, data.task, data.source, data.tokenizer, data.max_length, str(device), cfg.precision)
     dev_cached = _DEV_FEATURES.get("key") == dev_key and features <= _DEV_FEATURES["features"].keys()
     if not dev_cached:
         _DEV_FEATURES.clear()  # one entry: a BERT-base dev split's features can take hundreds of MB
         _DEV_FEATURES.update(key=dev_key, features=extract_features(
-            encoder, data.validation, np.arange(len(data.validation)), features, cfg.eval_batch_size, device, pad_id))
+            encoder, data.validation, np.arange(len(data.validation)), features, cfg.eval_batch_size, device, pad_id,
+            cfg.precision))
     dev_features = _DEV_FEATURES["features"]
     if device.type == "cuda":
         torch.cuda.synchronize()
