@@ -196,14 +196,19 @@ def validate(sweep: Sweep, limits: Limits) -> list[str]:
         problems += option.problems(sweep.value(option), limits)
     if not grid.sizes and not grid.fractions:
         problems.append("--sizes: no subset size given; give --sizes or --fractions")
-    check = EXPERIMENTS[sweep.experiment].problems
-    problems += check(grid, limits) if check else []
+    problems += experiment_problems(grid, limits, sweep.experiment)
     problems += option_problems(sweep, EXPERIMENTS[sweep.experiment])
     problems += ignored_problems(sweep) + cell_problems(sweep)
     # The folder as the user typed it: resolved, a path through a symbolic link would read as another one.
     problems += data_dir_problems(grid.data_dir, [*grid.tasks, *(grid.intermediate_tasks or ())])
     problems += logger_problems(sweep.run.logger)
     return problems
+
+
+def experiment_problems(grid: GridSettings, limits: Limits, experiment: str) -> list[str]:
+    """What the experiment's own check refuses of the grid (Experiment.problems)."""
+    check = EXPERIMENTS[experiment].problems
+    return check(grid, limits) if check else []
 
 
 def cell_problems(sweep: Sweep) -> list[str]:
@@ -339,14 +344,18 @@ def describe_settings(sweep: Sweep, specs: list[TrialSpec]) -> str:
     lines.append(f"preset {sweep.preset}: " + (f"filled {filled}" if filled else "filled nothing")
                  + (f"; its picks {', '.join(flag_of(n) for n in sweep.dropped)} are left out (you named what to "
                     "run on), declared defaults instead" if sweep.dropped else ""))
-    own = [f"{o.flag} {shown(getattr(grid, o.name))}" for o in EXPERIMENTS[sweep.experiment].options]
+    experiment = EXPERIMENTS[sweep.experiment]
+    own = [f"{o.flag} {shown(getattr(grid, o.name))}" for o in experiment.options]
     epochs = sorted({s.epochs for s in specs})
     rule = "" if grid.epochs else " (5 up to 500 examples, else 3)"
-    lines.append("settings: " + " · ".join([
-        *own, f"--trials {' '.join(trial_word(p) for p in grid.trials)}",
-        f"--epochs {' '.join(map(str, epochs)) or '-'}{rule}", f"--lr {grid.lr:g}", f"--batch-size {grid.batch_size}",
-        f"--max-length {grid.max_length}", f"--precision {grid.precision}", f"--pack {sweep.run.pack}",
-        f"--seed {grid.seed}"]))
+    common = {"trials": f"--trials {' '.join(trial_word(p) for p in grid.trials)}",
+              "epochs": f"--epochs {' '.join(map(str, epochs)) or '-'}{rule}", "lr": f"--lr {grid.lr:g}",
+              "batch_size": f"--batch-size {grid.batch_size}", "max_length": f"--max-length {grid.max_length}",
+              "precision": f"--precision {grid.precision}", "pack": f"--pack {sweep.run.pack}",
+              "seed": f"--seed {grid.seed}"}
+    # A setting the trials never read is not shown as if it shaped them (probing's --epochs is its own limit).
+    lines.append("settings: " + " · ".join([*own, *(text for name, text in common.items()
+                                                     if name not in experiment.ignores)]))
     return "\n".join(lines)
 
 
@@ -490,6 +499,8 @@ def plan(sweep: Sweep, dry_run: bool) -> Planned:
             splits = {task: len(data.train) for task, data in raw.items()}
         grid = dataclasses.replace(grid, train_split_sizes=tuple((t, splits[t]) for t in tasks if t in splits))
         sweep = dataclasses.replace(sweep, grid=grid)
+        if problems := experiment_problems(grid, limits, sweep.experiment):  # now with the fractions' sizes
+            raise Refused(problems)
     count = estimated_trials(sweep, limits)
     if count == 0:  # what is left once --skip, --trials and the experiment's own lists are applied
         given = {"tasks": " ".join(grid.tasks), "trials": " ".join(map(trial_word, grid.trials)),

@@ -209,6 +209,10 @@ class GridSettings(Recipe):
         from_fractions = [max(1, round(f * split[task])) for f in self.fractions]
         return tuple(dict.fromkeys([*self.sizes, *from_fractions]))
 
+    def known_sizes(self, task: str) -> tuple[int, ...]:
+        """The task's subset sizes known so far: `sizes`, and the fractions' once its train split is read."""
+        return self.sizes_for(task) if not self.fractions or task in dict(self.train_split_sizes) else self.sizes
+
     def cells(self):
         """(task, size, trial_index) in a stable order."""
         for task in self.tasks:

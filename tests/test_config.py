@@ -213,15 +213,18 @@ def test_every_readme_example_also_runs_from_a_config_file(tmp_path, capsys, mon
 @pytest.mark.parametrize("experiment,flags", [
     ("heads", ["--reinit-pooler"]), ("sublayer", ["--reinit-pooler"]), ("permutation", ["--reinit-pooler"]),
     ("permutation", ["--reinit-mode", "paper-code"]), ("embeddings", ["--reinit-mode", "paper-code"]),
-    ("probing", ["--epochs", "7"]), ("probing", ["--lr", "1e-3"])])
+    ("probing", ["--epochs", "7"]), ("probing", ["--lr", "1e-3"]), ("probing", ["--max-grad-norm", "0.5"]),
+    ("probing", ["--lr-schedule", "constant"])])
 def test_a_setting_the_experiments_trials_never_read_is_refused_not_ignored(experiment, flags, capsys, tmp_path):
     """heads' and sublayer's surgeries have no pooler (their baseline's would have been reset alone), a
-    permutation resets nothing, probing has its own --max-probe-epochs and --probe-lr."""
+    permutation resets nothing, probing has its own --max-probe-epochs and --probe-lr, a constant rate and no
+    clipping."""
     argv = [experiment, "--model", "minilm", "--tasks", "synthetic", "--storage", str(tmp_path), "--dry-run"]
     assert main([*argv, *flags]) == 2
     assert f"{flags[0]}: {experiment}'s trials do not read it (given: " in capsys.readouterr().err
     if len(flags) > 1:  # the default itself, as a config file shared by several experiments may give it
-        default = {"--reinit-mode": "intended", "--epochs": None, "--lr": "2e-5"}[flags[0]]
+        default = {"--reinit-mode": "intended", "--epochs": None, "--lr": "2e-5", "--max-grad-norm": "1.0",
+                   "--lr-schedule": "linear"}[flags[0]]
         if default is not None:
             assert main([*argv, flags[0], default]) == 0
 
@@ -268,3 +271,22 @@ def test_an_intermediate_task_larger_than_its_split_is_refused_in_a_dry_run(glue
     assert main(argv) == 2
     assert "--sizes: 9000 is larger than the cola train split (8,551 examples), which --intermediate-tasks trains " \
            "on first" in capsys.readouterr().err
+
+
+def test_probings_dry_run_shows_no_setting_its_trials_never_read(capsys, tmp_path):
+    argv = ["probing", "--model", "minilm", "--tasks", "synthetic", "--storage", str(tmp_path), "--dry-run"]
+    assert main(argv) == 0
+    (line,) = [s for s in capsys.readouterr().out.splitlines() if s.startswith("settings: ")]
+    assert "--max-probe-epochs" in line and "--probe-lr" in line and "--batch-size" in line
+    assert "--epochs" not in line and "--lr " not in line, line
+
+
+@pytest.mark.parametrize("experiment", ["probing", "lr-multipliers"])
+def test_a_fraction_too_small_to_hold_out_from_is_refused_before_any_trial(experiment, glue_dir, capsys, tmp_path):
+    """Sizes from --fractions are known once the splits are read; the held-out part's check runs on them then,
+    where a subset of one example had failed inside each trial."""
+    argv = [experiment, "--model", "minilm", "--tasks", "sst2", "--data-dir", str(glue_dir), "--trials", "1",
+            "--storage", str(tmp_path), "--dry-run"]
+    assert main([*argv, "--fractions", "0.00001"]) == 2
+    assert "--fractions: 1e-05 (sst2: 1 examples) leaves nothing to train" in capsys.readouterr().err
+    assert main([*argv, "--fractions", "0.0001"]) == 0  # 7 examples: enough

@@ -335,9 +335,9 @@ def probing_problems(grid, limits: Limits) -> list[str]:
     if "squad_v2" in grid.tasks:
         problems.append("--tasks: probing trains a sentence classifier per layer and cannot take squad_v2 "
                         "(question answering); every finetuning experiment can")
-    if 0 < grid.probe_val_fraction < 1 and 0 < min(grid.sizes, default=2) < 2:
-        problems.append(f"--sizes: {min(grid.sizes)} leaves nothing to train a probe on beside the held-out "
-                        "part; probing needs at least 2 examples")
+    if 0 < grid.probe_val_fraction < 1 and (word := size_below(grid, 2)):
+        problems.append(f"{word} leaves nothing to train a probe on beside the held-out part; probing needs at "
+                        "least 2 examples")
     if not limits.has_pooler and set(grid.probes) - {"mean-pool"}:
         problems.append(f"--probes: {', '.join(sorted(set(grid.probes) - {'mean-pool'}))} read the pooler; "
                         f"'{limits.model}' is a '{limits.model_type}' model, whose classifier has no pretrained "
@@ -346,10 +346,21 @@ def probing_problems(grid, limits: Limits) -> list[str]:
 
 
 def search_problems(grid, limits: Limits) -> list[str]:
-    if 0 < grid.val_fraction < 1 and min(grid.sizes, default=2) < 2:
-        return [f"--sizes: {min(grid.sizes)} leaves nothing to train on beside the held-out part; "
-                "lr-multipliers needs at least 2 examples"]
+    if 0 < grid.val_fraction < 1 and (word := size_below(grid, 2)):
+        return [f"{word} leaves nothing to train on beside the held-out part; lr-multipliers needs at least 2 "
+                "examples"]
     return []
+
+
+def size_below(grid, least: int) -> str | None:
+    """A subset size of the grid under `least`, as it was given: '--sizes: 1', or '--fractions: 1e-05 (sst2: 1
+    examples)' once the train splits are read (the plan checks again then); None if there is none."""
+    for task in grid.tasks:
+        for size in grid.known_sizes(task):
+            if size < least:
+                fraction = grid.fraction_of(task, size)
+                return f"--fractions: {fraction:g} ({task}: {size} examples)" if fraction else f"--sizes: {size}"
+    return None
 
 
 # --- the registry ---------------------------------------------------------------------------------------
@@ -389,7 +400,7 @@ register(Experiment("probing", probing, "the frozen model probed at every layer 
                     (PROBE_LAYERS, PROBES, PATIENCE, MAX_PROBE_EPOCHS, PROBE_LR, PROBE_VAL_FRACTION),
                     {"paper": dict(sizes=[], fractions=[1.0], trials=["8"], skip=[]), "demo": dict(trials=["2"])},
                     runner="sweep.probing:run_probing", layerwise=False, problems=probing_problems,
-                    ignores=("epochs", "lr", "reinit_mode", "reinit_pooler")))
+                    ignores=("epochs", "lr", "lr_schedule", "max_grad_norm", "reinit_mode", "reinit_pooler")))
 # Ours (the paper only tried 5x): one study per incremental cell at 500 examples; demo: two cells (k=0 stays
 # at chance at the base rate, k=3 learns already: room for the search either way, a few minutes).
 register(Experiment("lr-multipliers", lr_multipliers, "an Optuna search over per-layer learning-rate multipliers, "
