@@ -3,8 +3,9 @@
 A second command for the same sweep (the same --storage and --name, from this machine or another) says who
 holds it and waits until it is done, then plans from the rows it finds: it runs only what is still missing,
 and no trial trains twice. The holder rewrites the file every `HEARTBEAT` seconds; a lock whose holder is
-gone (a dead process on this host, or no heartbeat for `STALE` seconds from another) is taken over, with one
-line saying so, so a killed driver never blocks its own `--resume`.
+gone (a dead process of this host and PID namespace, or no heartbeat for `STALE` seconds from any other: a
+container sharing the host's name numbers its processes anew) is taken over, with one line saying so, so a
+killed driver never blocks its own `--resume`.
 
 On a local or network file system the lock file is created exclusively (atomic); an object store has no
 create-if-absent, so there a writer uploads its claim and reads it back before going on (two claims in the
@@ -36,7 +37,8 @@ def sweep_lock(sweep: str, command: str, poll: float = 2.0, clock=time.time):
     fs, folder = filesystem(sweep)
     path = f"{folder}/{LOCK}"
     made = _missing_folders(fs, folder)  # removed again if left empty: a refused command leaves no trace
-    claim = {"host": platform.node(), "pid": os.getpid(), "command": command, "token": uuid.uuid4().hex,
+    claim = {"host": platform.node(), "pid": os.getpid(), "pid_namespace": pid_namespace(), "command": command,
+             "token": uuid.uuid4().hex,
              "started_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     announced = False
     try:
@@ -116,12 +118,24 @@ def read_lock(fs, path: str) -> dict | None:
 
 def why_gone(holder: dict, now: float) -> str | None:
     """Why the lock's holder no longer writes the sweep (None: it may)."""
-    if holder.get("host") == platform.node() and not _alive(int(holder.get("pid", 0))):
+    # A pid names a process only in its own namespace: containers with host networking share this host's name.
+    # A lock written before namespaces were recorded counts as this one's.
+    here = pid_namespace()
+    if holder.get("host") == platform.node() and holder.get("pid_namespace", here) == here \
+            and not _alive(int(holder.get("pid", 0))):
         return "that process is gone"
     age = now - float(holder.get("heartbeat", 0))
     if age > STALE:
         return f"it has not renewed the lock for {age:.0f} s"
     return None
+
+
+def pid_namespace() -> str | None:
+    """This process's PID namespace (Linux), e.g. "pid:[4026531836]"; None where there is none to read."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
 
 
 def _alive(pid: int) -> bool:

@@ -20,8 +20,10 @@ for an S3-compatible server. Local folders come back as `Path`s, remote location
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -86,7 +88,12 @@ def write_row(folder: Path | str, row: dict) -> Path | str | None:
     if where is None:  # another writer landed this trial between the look and the write: its row stands
         return None
     if len(_listing(fs, path)[0]) >= COMPACT_AT:
-        compact(folder)
+        try:
+            compact(folder)
+        except (OSError, pa.ArrowException) as err:
+            # The row has landed and stands: merging files only tidies the folder, and the next write tries again.
+            print(f"could not compact the rows in {folder} ({type(err).__name__}: {err}); every row stands, the next "
+                  "row written tries again", file=sys.stderr, flush=True)
     return where
 
 
@@ -97,7 +104,7 @@ def held_status(fs, path: str) -> str | None:
         return None
     try:
         status = pq.read_table(path, columns=["status"], filesystem=fs)["status"].to_pylist()
-    except (OSError, pa.ArrowException):
+    except (OSError, pa.ArrowException, ValueError):  # ValueError: a damaged name, not UTF-8
         return "error"
     return status[0] if status and status[0] in FINAL else "error"
 
@@ -116,7 +123,12 @@ def put_file(folder: Path | str, name: str, table: pa.Table, replace: bool = Tru
     fs.create_dir(path)
     # Dot-prefixed: pyarrow and pandas dataset readers (and read_results) skip it until the move shows it.
     partial = f"{path}/.{name}.{uuid.uuid4().hex}.tmp"
-    pq.write_table(table, partial, filesystem=fs)
+    try:
+        pq.write_table(table, partial, filesystem=fs)
+    except BaseException:
+        with contextlib.suppress(OSError):  # cut short (a full disk): hidden, it would only hold the space
+            fs.delete_file(partial)
+        raise
     if isinstance(fs, pyarrow.fs.LocalFileSystem):
         try:
             if replace:

@@ -37,8 +37,12 @@ def _visible(name: str) -> bool:
     return name.endswith(".parquet") and not name.startswith((".", "_"))
 
 
-def _set_aside(path: str) -> bool:
-    return QUARANTINE in path.replace("\\", "/").split("/")
+def _set_aside(path: str, root: str) -> bool:
+    # A set-aside file sits directly in a quarantine/ folder below `root` (quarantine_file puts it there): a store
+    # inside a folder of that name, or a sweep given that name, is read like any other.
+    inside = path[len(root):] if path.startswith(root) else path
+    parts = inside.replace("\\", "/").strip("/").split("/")
+    return len(parts) >= 2 and parts[-2] == QUARANTINE
 
 
 def row_files(path) -> tuple[pyarrow.fs.FileSystem, list[str]]:
@@ -55,7 +59,8 @@ def row_files(path) -> tuple[pyarrow.fs.FileSystem, list[str]]:
     if info.type != pyarrow.fs.FileType.Directory:
         raise FileNotFoundError(f"results path '{path}' does not exist")
     found = fs.get_file_info(pyarrow.fs.FileSelector(root, recursive=True))
-    return fs, sorted(f.path for f in found if f.is_file and _visible(f.base_name) and not _set_aside(f.path))
+    return fs, sorted(f.path for f in found if f.is_file and _visible(f.base_name)
+                       and not _set_aside(f.path, root))
 
 
 def result_files(path) -> list[str]:
@@ -82,7 +87,7 @@ def read_files(fs: pyarrow.fs.FileSystem, files: list[str], columns: list[str] |
         return _read_files(fs, files, columns)
     except FileNotFoundError:
         raise  # a file a compaction merged and deleted meanwhile: the caller lists again
-    except (pa.ArrowException, OSError):
+    except (pa.ArrowException, OSError, ValueError):  # ValueError: a damaged name, not UTF-8, decoded by pyarrow
         damaged = [f for f in files if _unreadable(fs, f)]
         if not damaged:
             raise
@@ -113,7 +118,7 @@ def _unreadable(fs: pyarrow.fs.FileSystem, path: str) -> str | None:
         _read_files(fs, [path])
     except FileNotFoundError:
         return None  # gone, not damaged
-    except (pa.ArrowException, OSError) as err:
+    except (pa.ArrowException, OSError, ValueError) as err:
         return f"{type(err).__name__}: {err}"
     return None
 

@@ -1,0 +1,112 @@
+"""The store's rows are never hidden, miscounted or left to a second writer: a store inside a folder named like
+the quarantine is read; a row that landed counts as landed when the compaction after it fails; a write cut short
+leaves nothing behind; a file with a damaged column name is set aside instead of stopping every read; a live
+holder of the lock in another container of this host keeps it."""
+from __future__ import annotations
+
+import errno
+import json
+import platform
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+import sweep.store as store
+from sweep.runner import RowWriter
+from sweep.store import finished_trial_ids, write_row
+from trainables.rows import ENDED_ROWS, make_row
+from trialrows.read import QUARANTINE, read_results
+
+
+def row(trial_id: str, status: str = "ok", dev_metric: float = 0.9) -> dict:
+    return make_row({"trial_id": trial_id, "experiment": "incremental", "task": "synthetic"},
+                    {"dev_metric": dev_metric}, status, "boom" if status == "error" else None)
+
+
+class Trial:
+    def __init__(self, config: dict):
+        self.config, self.last_result, self.error_file = {"trial": config}, {}, None
+
+
+def test_a_store_inside_a_folder_named_quarantine_is_read(tmp_path):
+    # Only a quarantine/ folder inside the store holds set-aside files; one above it is the user's own folder,
+    # and reading past it would make every rerun train every trial again.
+    storage = tmp_path / QUARANTINE / "results"
+    rows = storage / "sweep" / "rows"
+    write_row(rows, row("t"))
+    assert finished_trial_ids(rows) == {"t"}
+    assert list(read_results(storage)["trial_id"]) == ["t"]
+    set_aside = storage / "sweep" / QUARANTINE / "rows-old.parquet"
+    set_aside.parent.mkdir()
+    pq.write_table(store.rows_table([row("old")]), set_aside)
+    assert list(read_results(storage)["trial_id"]) == ["t"], "a set-aside file below the store stays unread"
+    write_row(storage / QUARANTINE / "rows", row("u"))  # a sweep named like the folder (--name quarantine)
+    assert sorted(read_results(storage)["trial_id"]) == ["t", "u"]
+
+
+def test_a_row_that_landed_stands_when_the_compaction_after_it_fails(tmp_path, monkeypatch, capsys):
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(store, "COMPACT_AT", 1)
+    monkeypatch.setattr(store, "_merge", full_disk)
+    folder = tmp_path / "rows"
+    writer = RowWriter(folder)
+    config = {"trial_id": "t", "row": {"trial_id": "t"}}
+    writer.on_trial_result(0, [], Trial(config), {ENDED_ROWS: json.dumps([row("t")])})
+    assert finished_trial_ids(folder) == {"t"}, "the row landed"
+    assert writer.written == ["t"] and writer.unwritten == {}, "so it is counted as written, not as lost"
+    err = capsys.readouterr().err
+    assert "cannot write the row of t" not in err and f"could not compact the rows in {folder}" in err
+    writer.on_trial_complete(1, [], Trial(config))
+    assert read_results(folder).loc[0, "status"] == "ok", "and no error row follows it"
+
+
+def test_a_write_that_fails_leaves_no_hidden_file_behind(tmp_path, monkeypatch):
+    # A full disk cuts the write short: its half-written file, hidden from readers, would hold the space.
+    real = pq.write_table
+
+    def cut_short(table, where, **kwargs):
+        real(table, where, **kwargs)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    folder = tmp_path / "rows"
+    folder.mkdir()
+    monkeypatch.setattr(store.pq, "write_table", cut_short)
+    for replace in (True, False):
+        try:
+            store.put_file(folder, "t.parquet", store.rows_table([row("t")]), replace=replace)
+        except OSError:
+            pass
+        assert list(folder.iterdir()) == []
+
+
+def test_a_file_whose_column_names_are_damaged_is_set_aside_and_every_good_row_is_read(tmp_path, capsys):
+    # A flipped byte in a footer can leave it parseable with a name that is no longer UTF-8: pyarrow then raises
+    # UnicodeDecodeError, which stopped every read of the store (the sweep's plan, status, the analysis).
+    rows = tmp_path / "sweep" / "rows"
+    write_row(rows, row("good"))
+    write_row(rows, {**row("bad"), "dev_qu\u00e9": 0.5})
+    damaged = rows / "bad.parquet"
+    damaged.write_bytes(damaged.read_bytes().replace("dev_qu\u00e9".encode(), b"dev_qu\xb3\xa9"))
+    assert finished_trial_ids(rows) == {"good"}
+    assert f"set aside {damaged}" in capsys.readouterr().err
+    assert (tmp_path / "sweep" / QUARANTINE / "rows-bad.parquet").exists()
+    assert write_row(rows, row("bad")) is not None, "its trial lands anew"
+
+
+def test_a_live_holder_in_another_pid_namespace_of_this_host_keeps_the_lock(tmp_path):
+    # Containers with host networking (Ray's docker set-up, hostNetwork pods) share the host's name but number
+    # their processes anew: a pid alive there may not exist here, and taking its lock made two writers.
+    from sweep import lock
+
+    now = time.time()
+    here = {"host": platform.node(), "pid": 2 ** 22 - 7, "command": "python -m sweep incremental", "heartbeat": now}
+    elsewhere = {**here, "pid_namespace": "pid:[1]"}
+    assert lock.why_gone(elsewhere, now) is None, "its heartbeat is fresh: it may be writing"
+    assert lock.why_gone(elsewhere, now + lock.STALE + 1), "until it stops renewing the lock"
+    assert lock.why_gone({**here, "pid_namespace": lock.pid_namespace()}, now) == "that process is gone"
+    assert lock.why_gone(here, now) == "that process is gone", "a lock written before namespaces were recorded"
+    with lock.sweep_lock(str(tmp_path / "sweep"), "python -m sweep incremental") as path:
+        assert json.loads(Path(path).read_text())["pid_namespace"] == lock.pid_namespace()
