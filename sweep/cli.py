@@ -646,13 +646,15 @@ def precision_sweep(planned, sweep, argv, folder, num_layers: int, callbacks=())
     record_sweep(sweep, argv, [s.row() for s in pilot], FINISHED)
     ray_session = RaySession(sweep, planned.pretrained, callbacks)
     try:
-        todo = [s for s in pilot if s.trial_id not in finished_trial_ids(folder)]
+        done = finished_trial_ids(folder)  # read once: the store is read whole, not once a spec
+        todo = [s for s in pilot if s.trial_id not in done]
         print(f"pilot stage: {len(pilot) - len(todo)} of {len(pilot)} already done, {len(todo)} to run", flush=True)
         if todo:
             ray_session.run(todo, sweep, folder, raw)
         second, table, _, _ = stage_two(specs, stored_rows(folder), target)
         record_sweep(sweep, argv, [s.row() for s in [*pilot, *second]], FINISHED)
-        todo = [s for s in second if s.trial_id not in finished_trial_ids(folder)]
+        done = finished_trial_ids(folder)
+        todo = [s for s in second if s.trial_id not in done]
         print(stage_two_text(table, second, todo, target), flush=True)
         # --resume goes on from earlier checkpoints once: in the first stage that ran trials.
         resume = sweep.run.resume and not ray_session.ran
