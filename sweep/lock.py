@@ -71,7 +71,13 @@ def _wait_for(fs, path: str, announced: bool, poll: float, clock) -> bool:
     if gone:
         print(f"taking over the sweep's lock {path} from `{holder.get('command')}` on {holder.get('host')} "
               f"(pid {holder.get('pid')}): {gone}", flush=True)
-        _delete(fs, path)
+        try:
+            fs.delete_file(path)
+        except FileNotFoundError:
+            pass
+        except OSError as err:  # left in place it would be taken over again and again, without a pause
+            raise OSError(f"the lock {path} of a holder that is gone cannot be removed ({err}); remove it by "
+                          "hand") from None
         return announced
     if not announced:
         print(f"waiting: `{holder.get('command')}` on {holder.get('host')} (pid {holder.get('pid')}, since "
@@ -105,7 +111,10 @@ def read_lock(fs, path: str) -> dict | None:
     try:
         with fs.open_input_stream(path) as handle:
             text = handle.read()
-        return json.loads(text)
+        holder = json.loads(text)
+        if not isinstance(holder, dict):  # valid JSON, but no claim (null, a list): as unreadable as garbage
+            raise ValueError(f"{path} holds no claim")
+        return holder
     except FileNotFoundError:
         return None
     except (OSError, ValueError):

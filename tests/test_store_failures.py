@@ -7,9 +7,12 @@ from __future__ import annotations
 import errno
 import json
 import platform
+import re
+import threading
 import time
 from pathlib import Path
 
+import pyarrow.fs
 import pyarrow.parquet as pq
 
 import sweep.store as store
@@ -110,3 +113,55 @@ def test_a_live_holder_in_another_pid_namespace_of_this_host_keeps_the_lock(tmp_
     assert lock.why_gone(here, now) == "that process is gone", "a lock written before namespaces were recorded"
     with lock.sweep_lock(str(tmp_path / "sweep"), "python -m sweep incremental") as path:
         assert json.loads(Path(path).read_text())["pid_namespace"] == lock.pid_namespace()
+
+
+def test_a_lock_holding_json_that_is_no_claim_goes_stale_like_garbage(tmp_path):
+    # `null` or a list parsed, read as "no lock", and the claim then failed at once, again and again: a spin.
+    from sweep import lock
+
+    folder = tmp_path / "sweep"
+    folder.mkdir()
+    (folder / lock.LOCK).write_text("null")
+    fs = pyarrow.fs.LocalFileSystem()
+    holder = lock.read_lock(fs, str(folder / lock.LOCK))
+    assert holder is not None and holder["command"] == "an unknown command"
+    later = time.time() + lock.STALE + 1
+    with lock.sweep_lock(str(folder), "python -m sweep incremental", poll=0.01, clock=lambda: later) as path:
+        assert json.loads(Path(path).read_text())["command"] == "python -m sweep incremental"
+
+
+def test_a_gone_holders_lock_that_cannot_be_removed_stops_the_command_with_the_reason(tmp_path, monkeypatch):
+    from sweep import lock
+
+    folder = tmp_path / "sweep"
+    folder.mkdir()
+    gone = {"host": platform.node(), "pid": 2 ** 22 - 7, "pid_namespace": lock.pid_namespace(), "command": "old",
+            "heartbeat": time.time()}
+    (folder / lock.LOCK).write_text(json.dumps(gone))
+
+    class Undeletable:  # a folder whose files this user may read and not remove (pyarrow's types are sealed)
+        def __init__(self, fs):
+            self.fs = fs
+
+        def __getattr__(self, name):
+            return getattr(self.fs, name)
+
+        def delete_file(self, path):
+            raise PermissionError(errno.EACCES, "Permission denied", path)
+
+    fs, _ = lock.filesystem(str(folder))
+    monkeypatch.setattr(lock, "filesystem", lambda where: (Undeletable(fs), str(folder)))
+    raised = []
+
+    def take():
+        try:
+            with lock.sweep_lock(str(folder), "python -m sweep incremental", poll=0.01):
+                pass
+        except OSError as err:
+            raised.append(str(err))
+
+    waiting = threading.Thread(target=take, daemon=True)  # it had taken the lock over again and again, forever
+    waiting.start()
+    waiting.join(20)
+    assert not waiting.is_alive() and len(raised) == 1, "the command neither ended nor said why"
+    assert re.search("of a holder that is gone cannot be removed .*Permission denied.*remove it", raised[0])
