@@ -1,6 +1,7 @@
 """The finetuning function on its own (no Ray): subsets, per-epoch reports, determinism, divergence."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -54,3 +55,8 @@ def test_divergence_stops_the_trial_and_says_so(pretrained, synthetic):
     result = finetune(cfg, synthetic, pretrained)
     assert result["status"] == "diverged"
     assert result["epoch"] == 1 and not math.isfinite(result["train_loss"])
+    # With a held-out part (the lr-multipliers search's objective), the diverged model gives no objective: its
+    # predictions' accuracy would be a made-up figure that Optuna learned from as a result.
+    held = finetune(dataclasses.replace(cfg, val_size=8), synthetic, pretrained)
+    assert held["status"] == "diverged" and math.isnan(held["val_metric"])
+    assert math.isnan(held["val_metrics_by_epoch"][0])

@@ -436,10 +436,12 @@ def finetune(
             progress.flops += compute.flops(data.validation.lengths, train=False)
             progress.by_epoch.append(float(metrics[data.metric]))
             progress.dev_epochs.append(epoch)
-        if held_split is not None:  # the search's objective: every epoch, for ASHA (which needs it in every report)
+        if held_split is not None and status == "ok":  # the search's objective: every epoch, for ASHA
             val = evaluate(model, held_split, data.definition, cfg.eval_batch_size, compute)
             progress.flops += compute.flops(held_split.lengths, train=False)
             progress.val_by_epoch.append(float(val[data.metric]))
+        elif held_split is not None:  # a diverged model's figure would be its constant guess's: Optuna fails a nan
+            progress.val_by_epoch.append(float("nan"))
         progress.eval_seconds += time.perf_counter() - tick
 
         wall_seconds = progress.wall_seconds + time.perf_counter() - started
