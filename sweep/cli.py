@@ -201,7 +201,7 @@ def validate(sweep: Sweep, limits: Limits) -> list[str]:
     problems += ignored_problems(sweep) + cell_problems(sweep)
     # The folder as the user typed it: resolved, a path through a symbolic link would read as another one.
     problems += data_dir_problems(grid.data_dir, [*grid.tasks, *(grid.intermediate_tasks or ())])
-    problems += logger_problems(sweep.run.logger)
+    problems += logger_problems(sweep.run.logger, sweep.run.storage)
     return problems
 
 
@@ -241,12 +241,17 @@ def ignored_problems(sweep: Sweep) -> list[str]:
             and sweep.value(o) != o.default]
 
 
-def logger_problems(loggers) -> list[str]:
+def logger_problems(loggers, storage) -> list[str]:
     import importlib.util
 
-    return [f"--logger: {name} needs the {name} package, which is not installed: pip install "
-            f"'reinit-sweep[trackers]' (or pip install {name})" for name in loggers or ()
-            if importlib.util.find_spec(name) is None]
+    missing = [f"--logger: {name} needs the {name} package, which is not installed: pip install "
+               f"'reinit-sweep[trackers]' (or pip install {name})" for name in loggers or ()
+               if importlib.util.find_spec(name) is None]
+    if "mlflow" in (loggers or ()) and not missing and not storage_shape_problems(storage):
+        from sweep.trackers import mlflow_store_problem
+
+        missing += filter(None, [mlflow_store_problem(storage)])
+    return missing
 
 
 def environment_problems(sweep: Sweep, dry_run: bool) -> list[str]:

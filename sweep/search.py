@@ -16,7 +16,8 @@ trials early.
   again at its own point and replays its stored figures instead of training (`landed_reports`), so Optuna
   and ASHA learn what they knew, under the trial's own number; the rest of the budget is new trials, numbered
   after them. A cell whose budget is spent is not started at all. The rebuilt study's next suggestions come
-  from the same history but not the same sampler state, so they may differ from an uninterrupted run's.
+  from the same history but not the same sampler state, so they may differ from an uninterrupted run's: its
+  sampler is seeded from `search_seed` and the landed sample numbers (`sampler_seed`).
 - Rows: one per trial, `<cell id>-s<n>`, n Optuna's trial number (s0 is the baseline); ASHA-stopped trials
   land too, with status `pruned`.
 """
@@ -24,14 +25,15 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 import itertools
 import json
 from pathlib import Path
 
-from sweep.checks import cannot_start
+from sweep.checks import Refused
 from sweep.grid import TrialSpec
 from sweep.runner import RowWriter, experiment_name, make_tuner
-from sweep.store import filesystem, join, stored_trial_ids
+from sweep.store import filesystem, join, parent, stored_trial_ids
 from trainables.rows import make_row
 
 VAL_METRIC = "val_metric"  # the only figure the search reads: the held-out part of the training subset
@@ -108,6 +110,16 @@ def startup_trials(num_samples: int) -> int:
     return max(2, min(10, num_samples // 3))
 
 
+def sampler_seed(seed: int, landed) -> int:
+    """The seed of a cell's sampler: the cell's own, or on a rerun one drawn from it and the landed sample numbers.
+    Enqueued points (the landed ones, the baseline) draw nothing, so the cell's own seed would give the rerun's
+    new trials the random-start points its landed trials already tried, one for one."""
+    drawn = sorted(set(landed) - {0})  # s0 is the enqueued baseline
+    if not drawn:
+        return seed
+    return int.from_bytes(hashlib.sha256(json.dumps([seed, drawn]).encode()).digest()[:4], "big")
+
+
 def search_options(spec: TrialSpec, num_layers: int, num_samples: int, landed: dict[int, list] | None = None) -> dict:
     """What a cell's Tuner adds to the common set-up (sweep.runner.make_tuner): Optuna's sampler, ASHA, the
     budget. `landed`: the multipliers of the cell's landed trials by sample number; they are asked first (and
@@ -121,7 +133,8 @@ def search_options(spec: TrialSpec, num_layers: int, num_samples: int, landed: d
     points = [space.point(landed[n]) for n in space.landed] + ([] if 0 in landed else [space.baseline])
     searcher = OptunaSearch(
         space, metric=VAL_METRIC, mode="max", points_to_evaluate=points,
-        sampler=optuna.samplers.TPESampler(seed=spec.seed, n_startup_trials=startup_trials(num_samples)),
+        sampler=optuna.samplers.TPESampler(seed=sampler_seed(spec.seed, landed),
+                                           n_startup_trials=startup_trials(num_samples)),
     )
     # OptunaSearch uses no Optuna pruner: early stopping is ASHA's, on the same held-out metric, per epoch.
     scheduler = ASHAScheduler(time_attr="epoch", metric=VAL_METRIC, mode="max", max_t=spec.epochs, grace_period=1,
@@ -196,6 +209,10 @@ def check_budget(path: Path | str, num_samples: int) -> str | None:
     return None
 
 
+def budget_problems(specs: list[TrialSpec], tune_dir: Path | str, num_samples: int) -> list[str]:
+    return [p for p in (check_budget(experiment_dir(tune_dir, s), num_samples) for s in specs) if p]
+
+
 def record_budget(path: Path | str, spec: TrialSpec, num_samples: int) -> None:
     fs, where = filesystem(path)
     fs.create_dir(where)
@@ -214,9 +231,9 @@ def run_searches(specs: list[TrialSpec], *, data: dict, pretrained: dict, folder
     from trainables.tune_trainable import finetune_trainable
 
     num_samples = options.num_samples if options is not None else 8
-    problems = [p for p in (check_budget(experiment_dir(tune_dir, s), num_samples) for s in specs) if p]
+    problems = budget_problems(specs, tune_dir, num_samples)
     if problems:
-        raise SystemExit(cannot_start(problems))
+        raise Refused(problems)
     for spec in specs:
         record_budget(experiment_dir(tune_dir, spec), spec, num_samples)
 
@@ -319,6 +336,10 @@ def plan_searches(specs: list[TrialSpec], folder, options, read: bool = True):
     from trialrows.summaries import best_table
 
     todo = unfinished_cells(specs, folder, options.num_samples) if read else list(specs)
+    # Here, before the plan is recorded: a refused command must not become the one `status` says a rerun runs.
+    problems = budget_problems(todo, parent(folder), options.num_samples) if read else []
+    if problems:
+        raise Refused(problems)
     note = (f"(trials above are cells: each is an Optuna study of --num-samples {options.num_samples} trials, "
             f"{len(specs) * options.num_samples:,} trials in all)")
     return todo, planned_rows(specs, options.num_samples), FINISHED, best_table, note

@@ -39,7 +39,8 @@ def record_plan(sweep: str, argv: list[str], experiment: str, rows: list[dict], 
     plan = {
         "command": "python -m sweep " + shlex.join(argv),
         "experiment": experiment,
-        "written_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        # Microseconds: a precision sweep records its pilot and then its whole grid within the same second.
+        "written_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="microseconds"),
         "rerun_skips": sorted(rerun_skips),
         "trials": rows,
     }
@@ -61,10 +62,11 @@ def read_plans(sweep: str) -> list[dict]:
             try:
                 plan = json.loads(text)
                 plans.append({"written_at": plan["written_at"], "trials": plan["trials"], "command": plan["command"],
-                              "rerun_skips": plan["rerun_skips"]})
+                              "rerun_skips": plan["rerun_skips"],
+                              "at": datetime.datetime.fromisoformat(plan["written_at"])})
             except (ValueError, KeyError, TypeError) as err:  # cut short or not a plan: set aside, one line
                 quarantine_file(fs, info.path, f"{type(err).__name__}: {err}")
-    return sorted(plans, key=lambda plan: plan["written_at"])
+    return sorted(plans, key=lambda plan: plan["at"])
 
 
 def trial_table(plans: list[dict], stored: pd.DataFrame) -> pd.DataFrame:
@@ -124,7 +126,8 @@ def rerun_line(plans: list[dict], trials: pd.DataFrame) -> str:
     mine = trials[trials["trial_id"].isin({row["trial_id"] for row in latest["trials"]})]
     skipped = mine["state"].isin(latest["rerun_skips"])
     run, skip = (tally(mine.loc[which, "state"], states(trials)) for which in (~skipped, skipped))
-    return (f"rerunning `{latest['command']}` ({latest['written_at']}) would run {(~skipped).sum()} "
+    written = latest["at"].isoformat(timespec="seconds")
+    return (f"rerunning `{latest['command']}` ({written}) would run {(~skipped).sum()} "
             f"trials{f' ({run})' if run else ''} and skip {skipped.sum()}{f' ({skip})' if skip else ''}")
 
 
