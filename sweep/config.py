@@ -154,6 +154,10 @@ class RunSettings:
 
 
 RUN = declared(RunSettings)
+for _experiment in EXPERIMENTS.values():  # a misspelled name would never refuse anything
+    if _unknown := sorted(set(_experiment.ignores) - {o.name for o in (*GRID, *RUN)}):
+        raise ValueError(f"experiment '{_experiment.name}' ignores {_unknown}, which are not settings every "
+                         "experiment has")
 
 
 def options_of(experiment: str) -> tuple[Option, ...]:

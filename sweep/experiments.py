@@ -248,10 +248,6 @@ TASK_FILE_DEFAULTS = (
            "(spearman too)", type=str, bad=("accuracy",), group=TASK, saved=False),
 )
 GRID = declared(GridSettings)
-for _experiment in EXPERIMENTS.values():  # a misspelled name would never refuse anything
-    if _unknown := sorted(set(_experiment.ignores) - {o.name for o in GRID}):
-        raise ValueError(f"experiment '{_experiment.name}' ignores {_unknown}, which are not settings every "
-                         "experiment has")
 
 
 TRIAL_SEED_STREAM = 0x7121A1  # keeps trial seeds apart from every other use of the same base seed

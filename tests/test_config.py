@@ -214,17 +214,18 @@ def test_every_readme_example_also_runs_from_a_config_file(tmp_path, capsys, mon
     ("heads", ["--reinit-pooler"]), ("sublayer", ["--reinit-pooler"]), ("permutation", ["--reinit-pooler"]),
     ("permutation", ["--reinit-mode", "paper-code"]), ("embeddings", ["--reinit-mode", "paper-code"]),
     ("probing", ["--epochs", "7"]), ("probing", ["--lr", "1e-3"]), ("probing", ["--max-grad-norm", "0.5"]),
-    ("probing", ["--lr-schedule", "constant"])])
+    ("probing", ["--lr-schedule", "constant"]), ("probing", ["--max-failures", "4"]),
+    ("lr-multipliers", ["--checkpoint-every", "0"]), ("lr-multipliers", ["--keep-checkpoints"])])
 def test_a_setting_the_experiments_trials_never_read_is_refused_not_ignored(experiment, flags, capsys, tmp_path):
     """heads' and sublayer's surgeries have no pooler (their baseline's would have been reset alone), a
     permutation resets nothing, probing has its own --max-probe-epochs and --probe-lr, a constant rate and no
-    clipping."""
+    clipping; probing and searches run each unit once, without checkpoints."""
     argv = [experiment, "--model", "minilm", "--tasks", "synthetic", "--storage", str(tmp_path), "--dry-run"]
     assert main([*argv, *flags]) == 2
     assert f"{flags[0]}: {experiment}'s trials do not read it (given: " in capsys.readouterr().err
     if len(flags) > 1:  # the default itself, as a config file shared by several experiments may give it
         default = {"--reinit-mode": "intended", "--epochs": None, "--lr": "2e-5", "--max-grad-norm": "1.0",
-                   "--lr-schedule": "linear"}[flags[0]]
+                   "--lr-schedule": "linear", "--max-failures": "2", "--checkpoint-every": None}[flags[0]]
         if default is not None:
             assert main([*argv, flags[0], default]) == 0
 
