@@ -65,9 +65,12 @@ TOKENIZED_FORMAT = 1
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
-    """A hash of what the tokenizer does (its class, vocabulary, normalizer, pre- and post-processing), not of
-    its object: the truncation and padding state it keeps from its last call are left out."""
-    return serialized_tokenizer_fingerprint(type(tokenizer).__name__, tokenizer.backend_tokenizer.to_str())
+    """A hash of what the tokenizer does (its class, vocabulary, normalizer, pre- and post-processing, and the
+    side it truncates from), not of its object: the truncation and padding state it keeps from its last call
+    are left out."""
+    # The side lives on the Python object (tokenizer_config.json's truncation_side), not in the backend's state.
+    kind = f"{type(tokenizer).__name__}/truncation-{getattr(tokenizer, 'truncation_side', 'right')}"
+    return serialized_tokenizer_fingerprint(kind, tokenizer.backend_tokenizer.to_str())
 
 
 @functools.lru_cache(maxsize=8)

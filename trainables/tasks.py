@@ -14,6 +14,7 @@ import dataclasses
 import io
 import json
 import math
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -376,12 +377,21 @@ def read_json_lines(path: Path) -> Records:
     return records
 
 
+# A field wholly in CSV's quotes, its inner quotes doubled: how csv.writer and pandas write a text holding a quote.
+CSV_QUOTED = re.compile(r'"((?:[^"]|"")*)"')
+
+
 def read_delimited(path: Path, delimiter: str) -> Records:
     records = []
+    tsv = delimiter == "\t"
+    # In a TSV, as in GLUE's own files, a quote opening a sentence is text: csv's quoting would run the field on
+    # to the next quote, lines later, and merge the examples between. A field quoted whole is still unquoted.
+    unquote = csv_unquoted if tsv else str
     with io.StringIO(read_text(path), newline="") as handle:
-        reader = csv.reader(handle, delimiter=delimiter)
+        reader = csv.reader(handle, delimiter=delimiter, quoting=csv.QUOTE_NONE if tsv else csv.QUOTE_MINIMAL)
         try:
             header = next(reader, None)
+            header = None if header is None else [unquote(c) for c in header]
             twice = sorted({c for c in header or () if header.count(c) > 1})
             if twice:
                 raise ValueError(f"{path}, line 1: column '{twice[0]}' appears {header.count(twice[0])} times in the "
@@ -390,14 +400,21 @@ def read_delimited(path: Path, delimiter: str) -> Records:
                 if not fields:
                     continue
                 if len(fields) != len(header):
+                    hint = "; a .tsv's quotes are text: a text holding a tab or a line break needs .csv or .jsonl" \
+                        if tsv else ""
                     raise ValueError(f"{path}, line {reader.line_num}: {len(fields)} fields; the header has "
-                                     f"{len(header)} ({', '.join(header)})")
-                records.append((f"{path}, line {reader.line_num}", dict(zip(header, fields))))
+                                     f"{len(header)} ({', '.join(header)}){hint}")
+                records.append((f"{path}, line {reader.line_num}", dict(zip(header, map(unquote, fields)))))
         except csv.Error as err:
             raise ValueError(f"{path}, line {reader.line_num}: does not parse ({err})") from None
     if header is None:
         raise ValueError(f"{path}: the file is empty; expected a header line, then one example per line")
     return records
+
+
+def csv_unquoted(field: str) -> str:
+    quoted = CSV_QUOTED.fullmatch(field)
+    return quoted[1].replace('""', '"') if quoted else field
 
 
 def read_hub_split(source: TaskSource, split: str) -> Records:
