@@ -79,10 +79,12 @@ class RowWriter(Callback):
             return False
         try:
             written = write_row(self.folder, row) is not None
-        except OSError as err:
+        except Exception as err:  # noqa: BLE001 (raised in Tune's callback, it would end the whole sweep)
             self.unwritten[trial_id] = f"{type(err).__name__}: {err}"
+            fix = "with space and permission there" if isinstance(err, OSError) else \
+                "(a value the row schema cannot hold: a bug of this project's, please report it)"
             print(f"cannot write the row of {trial_id} to {self.folder}: {err}; it runs again when the sweep is "
-                  "rerun with space and permission there", file=sys.stderr, flush=True)
+                  f"rerun {fix}", file=sys.stderr, flush=True)
             self.tell(trial_id, "unwritten", None)
             return False
         if row["status"] == "error":
@@ -91,7 +93,8 @@ class RowWriter(Callback):
             self.final.add(trial_id)
         if written:
             self.written.append(trial_id)
-            self.tell(trial_id, row["status"], row.get("dev_metric"))
+        # Told even when another writer's row stood first: the trial has ended either way.
+        self.tell(trial_id, row["status"], row.get("dev_metric"))
         return written
 
     def tell(self, trial_id: str, status: str, metric) -> None:

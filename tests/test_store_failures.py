@@ -165,3 +165,34 @@ def test_a_gone_holders_lock_that_cannot_be_removed_stops_the_command_with_the_r
     waiting.join(20)
     assert not waiting.is_alive() and len(raised) == 1, "the command neither ended nor said why"
     assert re.search("of a holder that is gone cannot be removed .*Permission denied.*remove it", raised[0])
+
+
+def test_a_row_the_schema_cannot_hold_is_named_and_the_sweep_goes_on(tmp_path, capsys):
+    # Raised inside Tune's callback, the conversion error would have ended every other trial of the sweep.
+    folder = tmp_path / "rows"
+    writer = RowWriter(folder)
+    bad = {**row("t"), "dev_metric": "not a number"}
+    writer.on_trial_result(0, [], Trial({"trial_id": "t", "row": {"trial_id": "t"}}), {ENDED_ROWS: json.dumps([bad])})
+    assert "t" in writer.unwritten and writer.unwritten["t"].startswith("ArrowInvalid")
+    assert "a bug of this project's" in capsys.readouterr().err
+    good = {ENDED_ROWS: json.dumps([row("u")])}
+    writer.on_trial_result(0, [], Trial({"trial_id": "u", "row": {"trial_id": "u"}}), good)
+    assert finished_trial_ids(folder) == {"u"}
+
+
+def test_a_trial_whose_row_another_writer_landed_first_counts_as_ended(tmp_path):
+    class Progress:
+        def __init__(self):
+            self.ended = {}
+
+        def end(self, trial_id, status, metric):
+            self.ended[trial_id] = status
+
+    folder = tmp_path / "rows"
+    write_row(folder, row("t", dev_metric=0.5))  # a second command's row, landed first
+    progress = Progress()
+    writer = RowWriter(folder, progress=progress)
+    ended = {ENDED_ROWS: json.dumps([row("t")])}
+    writer.on_trial_result(0, [], Trial({"trial_id": "t", "row": {"trial_id": "t"}}), ended)
+    assert writer.written == [] and progress.ended == {"t": "ok"}
+    assert read_results(folder).loc[0, "dev_metric"] == 0.5, "the row that landed first stands"
