@@ -167,6 +167,9 @@ def task_file_problems(sweep: Sweep) -> list[str]:
         if not source.label_column:
             problems.append(f"--label-column: which column holds the labels of task '{name}'; --task-file needs it "
                             f"(--label-column C, or {name}=DIR,label=C)")
+        elif source.label_column in source.text_columns:  # the model would read the answer in its input
+            problems.append(f"--label-column: '{source.label_column}' is also one of the --text-columns of task "
+                            f"'{name}'; the labels cannot be part of the text")
         if source.splits and source.splits[0] == source.splits[1]:
             problems.append(f"--splits: '{source.splits[0]}' for both train and dev (task '{name}'); the dev split "
                             "must be another file or split")

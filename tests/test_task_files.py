@@ -141,6 +141,13 @@ def test_bad_task_files_are_refused_in_one_line(tmp_path, capsys):
     assert f"{ragged / 'dev.csv'}, line 22: 3 fields; the header has 4" in refused(
         tmp_path, capsys, ragged, *TEXT, "--label-column", "sentiment")
     assert "--label-column: which column holds the labels" in refused(tmp_path, capsys, folder, *TEXT)
+    assert "--label-column: 'sentiment' is also one of the --text-columns of task 'mine'" in refused(
+        tmp_path, capsys, folder, "--text-columns", "review", "sentiment", "--label-column", "sentiment")
+    for suffix, missing in ((".jsonl", float("nan")), (".parquet", float("nan"))):  # a missing value, as written
+        rows = examples(10, 0)
+        rows[4]["score"] = missing
+        gap = make_task(tmp_path / f"gap{suffix}", suffix, train=rows)
+        assert "5: no label in column 'score'" in refused(tmp_path, capsys, gap, *TEXT, "--label-column", "score")
     (tmp_path / "no-files").mkdir()
     assert "has no train split; expected one of train.csv, train.tsv, train.jsonl, train.parquet" in refused(
         tmp_path, capsys, tmp_path / "no-files", *TEXT, "--label-column", "sentiment")

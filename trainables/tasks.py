@@ -332,7 +332,10 @@ def read_records(source: TaskSource, split: str) -> Records:
             option = "--label-column" if column == source.label_column else "--text-columns"
             raise ValueError(f"{where}: {option} '{column}' is not one of its columns ({', '.join(map(str, have))})")
     for place, record in records:
-        if record.get(source.label_column) in (None, ""):
+        label = record.get(source.label_column)
+        # NaN too: JSON lines and Parquet's float columns give it for a missing value (a class "nan", or a
+        # regression target that makes every step's loss nan)
+        if label is None or label == "" or isinstance(label, float) and math.isnan(label):
             raise ValueError(f"{place}: no label in column '{source.label_column}'")
     return records
 
