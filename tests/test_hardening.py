@@ -182,3 +182,19 @@ def test_unknown_experiment_names_the_choices(tmp_path, capsys):
     assert exit_.value.code == 2 and "invalid choice: 'incremantal'" in err
     assert "incremental" in err and "probing" in err and "lr-multipliers" in err
     assert not any(tmp_path.iterdir())
+
+
+def test_a_hub_name_with_its_owner_is_not_taken_for_a_missing_folder(tmp_path, monkeypatch):
+    """Most checkpoints of the supported families live under an owner on the hub (google/electra-*,
+    microsoft/deberta-v3-*): the '/' in their names made them 'folders that do not exist'."""
+    from trainables.models import resolve_model_path
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("google/electra-small-discriminator", "microsoft/deberta-v3-base", "bert-base-uncased"):
+        assert resolve_model_path(name) == name
+    for missing in ("./no-such-model", str(tmp_path / "no-such-model"), "models/owner/name"):
+        with pytest.raises(ValueError, match="looks like a folder but no such folder exists"):
+            resolve_model_path(missing)
+    (tmp_path / "owner" / "name").mkdir(parents=True)  # a local folder wins over the hub name it spells
+    (tmp_path / "owner" / "name" / "model.safetensors").write_bytes(b"")
+    assert resolve_model_path("owner/name") == str((tmp_path / "owner" / "name").resolve())

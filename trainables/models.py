@@ -94,17 +94,19 @@ def resolve_model_path(name: str) -> str:
                 "or pass --model a hub name or a local folder"
             ) from err
         return str(package.get_model_path())
-    if os.path.sep in name or name.startswith("."):
-        path = Path(name).expanduser()
-        if not path.is_dir():
+    path = Path(name).expanduser()
+    if not path.is_dir():
+        # A hub id is 'name' or 'owner/name' (google/electra-*, microsoft/deberta-v3-*): only a name that no hub
+        # id can be is a folder that is missing. An existing folder wins, as it does in from_pretrained.
+        if name.startswith((".", "~", os.path.sep)) or name.count("/") > 1:
             raise ValueError(f"model '{name}' looks like a folder but no such folder exists")
-        if not any(path.glob("*.safetensors")):
-            raise ValueError(
-                f"model folder '{name}' holds no *.safetensors weights; we load safetensors only "
-                "(pickled .bin files can execute code): convert it with `model.save_pretrained(dir)`"
-            )
-        return str(path.resolve())
-    return name
+        return name
+    if not any(path.glob("*.safetensors")):
+        raise ValueError(
+            f"model folder '{name}' holds no *.safetensors weights; we load safetensors only "
+            "(pickled .bin files can execute code): convert it with `model.save_pretrained(dir)`"
+        )
+    return str(path.resolve())
 
 
 @dataclasses.dataclass(frozen=True)
