@@ -68,6 +68,18 @@ def _split(table: pd.DataFrame, columns: list[str], drawn=None):
         yield suffix, dict(zip(varying, key)), sub
 
 
+def _lines(table: pd.DataFrame, columns: list[str], drawn=()):
+    """(key of `columns`, label suffix, sub-table) per line: by `columns` and by every other setting the table
+    carries, as `_split` does for whole figures, for lines drawn beside another table's (the probes beside
+    finetuning): one line is one condition at each x, never two settings joined in a zigzag."""
+    shown = (*columns, *drawn, "task", "model", "experiment")
+    extra = [c for c in T.setting_columns(table.columns) if c not in shown and table[c].nunique(dropna=False) > 1]
+    for key, sub in table.groupby([*columns, *extra], dropna=False, sort=True):
+        key = key if isinstance(key, tuple) else (key,)
+        suffix = "".join(f", {_short(c, v)}" for c, v in zip(extra, key[len(columns):]))
+        yield key[:len(columns)], suffix, sub
+
+
 def _context(table: pd.DataFrame, varying: dict) -> str:
     """'model, N examples' (and whatever else the split varies) for titles on the index page."""
     parts = [_short("model", table["model"].iloc[0])] if "model" in table.columns else []
@@ -236,7 +248,45 @@ def _same_settings(frame: pd.DataFrame, condition) -> pd.Series:
 
 
 def _is_missing(value) -> bool:
-    return value is None or (np.isscalar(value) and pd.isna(value))
+    return value is None or value is pd.NA or value is pd.NaT or (np.isscalar(value) and pd.isna(value))
+
+
+def _references(rows: pd.DataFrame, experiment: str, line: pd.Series, cache: dict) -> dict:
+    """`T.reference_values` for the trials behind `line` (a row of `experiment`'s table), taken from rows at
+    every setting those trials share: a table shows a setting only where its rows mix it, so `line` alone
+    would let a full model of 3 epochs stand beside trials of 10. Empty where no run at those settings exists.
+    `cache` (one per figure) keeps the reference table of each set of rows: panels mostly share one."""
+    picked = T.of(rows, experiment)
+    behind = picked[_same_settings(picked, line)]
+    shared = {c: behind[c].iloc[0] for c in T.setting_columns(behind.columns)
+              if len(behind) and behind[c].nunique(dropna=False) == 1}
+    condition = {**shared, **line.to_dict()}
+    free = ("task", "model", "train_size", "reinit_mode", *T.FULL_MODEL_NEUTRAL)  # reference_values picks these
+    at = {c: v for c, v in condition.items() if c not in free and not isinstance(v, (tuple, list, np.ndarray))}
+    mask = _same_settings(rows, at).to_numpy()
+    key = mask.tobytes()
+    if key not in cache:
+        cache[key] = T.reference_table(rows[mask])
+    refs = cache[key]
+    return T.reference_values(refs, line["task"], line["model"], line["train_size"], line.get("reinit_mode"),
+                              condition=condition)
+
+
+def _tick_order(value) -> tuple:
+    """Numbers in numeric order (layer 2 before 10), anything else after them by its text."""
+    number = isinstance(value, (int, float, np.number)) and not isinstance(value, bool)
+    return (0, float(value), "") if number else (1, 0.0, str(value))
+
+
+def _stein_note(table: pd.DataFrame) -> str:
+    """Said where a bar is not the caption's t-interval on n-1 df (trialrows.summaries.with_stein_intervals)."""
+    stein = "note" in table.columns and table["note"].astype(str).str.startswith("Stein").any()
+    return (" Conditions a precision-targeted sweep ran (--target-ci; their table's note): Stein's two-stage "
+            "interval instead, t on n0-1 df of the pilot's spread." if stein else "")
+
+
+def _no_reference_note(tasks: list) -> str:
+    return f" No reference runs at these settings for {', '.join(map(str, tasks))}." if tasks else ""
 
 
 def _excluded_note(table: pd.DataFrame) -> str:
@@ -273,9 +323,10 @@ def incremental_figure(rows: pd.DataFrame) -> list[Plot]:
                                marker="os^Dv"[sorted(here["metric_name"].unique()).index(metric) % 5],
                                label=f"finetuned, {int(size):,} examples" + (f" ({metric})" if several else ""))
                 there = probe[probe["task"] == task] if len(probe) else probe
-                for (kind, size), line in (there.groupby(["probe", "train_size"], dropna=False) if len(there) else []):
+                probe_lines = _lines(there, ["probe", "train_size"], ("layer",)) if len(there) else []
+                for (kind, size), more, line in probe_lines:
                     _errorline(ax, line["layer"], line, color=PROBE_COLOR, linestyle=PROBE_STYLES.get(kind, "--"),
-                               marker=".", linewidth=1.3, label=f"probe ({kind}), {int(size):,} examples")
+                               marker=".", linewidth=1.3, label=f"probe ({kind}), {int(size):,} examples{more}")
                 _task_axes(ax, task, _metric(here) or _metric(there), rows)
                 _layer_ticks(ax, 0, layers.get(model, 12))
                 ax.set_xlabel("k (layers 1..k pretrained, k+1..L reinitialized)" if len(sub) else
@@ -291,7 +342,7 @@ def incremental_figure(rows: pd.DataFrame) -> list[Plot]:
                 + ("; line darkness shows the subset size." if len(sub) and sub["train_size"].nunique() > 1 else ".")
                 + (" Dashed: probing the frozen model at layer k (0 = embeddings)." if len(probe) else
                    " (No probing rows yet: the dashed probing curve appears once the probing experiment has run.)")
-                + " Error bars: 95% t-intervals (n-1 df)."
+                + " Error bars: 95% t-intervals (n-1 df)." + _stein_note(both)
                 + _one_trial_note(both) + _missing_note(sub, "k", "k =") + _excluded_note(both),
                 "incremental_figure", f"Figure 2: incremental reinitialization ({_short('model', model)}"
                 + "".join(f", {_short(c, v)}" for c, v in part.items()) + ")"))
@@ -304,12 +355,12 @@ def localized_figure(rows: pd.DataFrame) -> list[Plot]:
     table = _drawable(T.localized_table(rows))
     if table.empty:
         return []
-    refs = T.reference_table(rows)
-    plots = []
+    plots, cache = [], {}
     for suffix, part, sub in _split(table, ["model", "train_size", "reinit_mode", "block_size"],
                                     drawn=("block_mode", "block_start", "block")):
         tasks = sorted(sub["task"].unique(), key=T.task_key)
         figure, axes = _panels(len(tasks))
+        missing = []
         styles = {"block-reinit": ("tab:red", "v", "block reinitialized (others pretrained)"),
                   "block-preserve": ("tab:blue", "^", "block preserved (others reinitialized)")}
         for ax, task in zip(axes, tasks):
@@ -317,9 +368,9 @@ def localized_figure(rows: pd.DataFrame) -> list[Plot]:
             for mode, line in here.groupby("block_mode"):
                 color, marker, label = styles.get(mode, ("tab:gray", "o", mode))
                 _errorline(ax, line["block_start"], line, color=color, marker=marker, label=label)
-            first = here.iloc[0]
-            _reference_lines(ax, T.reference_values(refs, task, first["model"], first["train_size"],
-                                                    first["reinit_mode"], condition=first.to_dict()))
+            refs = _references(rows, "localized", here.iloc[0], cache)
+            missing += [] if refs else [task]
+            _reference_lines(ax, refs)
             _task_axes(ax, task, _metric(here), rows)
             starts = sorted(here["block_start"].unique())
             blocks = here.drop_duplicates("block_start").set_index("block_start")["block"]
@@ -329,14 +380,13 @@ def localized_figure(rows: pd.DataFrame) -> list[Plot]:
         first = sub.iloc[0]
         _title(figure, f"Localized reinitialization, {_short('model', first['model'])}, "
                        f"{int(first['train_size']):,} examples" + _extra(part))
-        missing = [t for t in tasks if not T.reference_values(refs, t, first["model"], first["train_size"],
-                                                              condition=first.to_dict())]
         plots.append(Plot(
             f"fig3-localized{suffix}", figure,
             f"Figure 3. Reinitializing one block of {int(first.get('block_size', 3))} consecutive layers (the "
             "others pretrained) vs preserving it (the others reinitialized). Dashed: the full model; dotted: "
             "embeddings only (incremental k = 0), same task and size. Error bars: 95% t-intervals."
-            + (f" No reference runs for {', '.join(missing)}." if missing else "")
+            + _stein_note(sub)
+            + _no_reference_note(missing)
             + _one_trial_note(sub) + _missing_note(sub, "block", "block") + _excluded_note(sub),
             "localized_figure", f"Figure 3: localized reinitialization ({_context(sub, part)})"))
     return plots
@@ -350,8 +400,7 @@ def permutation_figure(rows: pd.DataFrame) -> list[Plot]:
     if summary.empty:
         return []
     ok = means[means["status"] == "ok"]
-    refs = T.reference_table(rows)
-    plots = []
+    plots, cache = [], {}
     for suffix, part, sub in _split(summary, ["model", "train_size"], drawn=()):
         tasks = sorted(sub["task"].unique(), key=T.task_key)
         figure, axes = _panels(len(tasks), width=2.9)
@@ -359,8 +408,7 @@ def permutation_figure(rows: pd.DataFrame) -> list[Plot]:
             line = sub[sub["task"] == task].iloc[0]
             values = ok.loc[_same_settings(ok, line[[c for c in sub.columns if c in ok.columns]]), "dev_metric"]
             values = values.to_numpy(float)
-            _reference_lines(ax, T.reference_values(refs, task, line["model"], line["train_size"],
-                                                    condition=line.to_dict()), band=True)
+            _reference_lines(ax, _references(rows, "permutation", line, cache), band=True)
             if len(values) >= 3 and np.ptp(values) > 0:
                 kde = stats.gaussian_kde(values)
                 reach = 2 * kde.factor * values.std()
@@ -444,18 +492,18 @@ def single_layer_figure(rows: pd.DataFrame) -> list[Plot]:
     table = _drawable(T.single_layer_table(rows))
     if table.empty:
         return []
-    refs = T.reference_table(rows)
     layers = T.num_layers(rows)
-    plots = []
+    plots, cache = [], {}
     for suffix, part, sub in _split(table, ["model", "train_size", "reinit_mode"], drawn=("layer",)):
         tasks = sorted(sub["task"].unique(), key=T.task_key)
         figure, axes = _panels(len(tasks))
-        first = sub.iloc[0]
+        first, missing = sub.iloc[0], []
         for ax, task in zip(axes, tasks):
             here = sub[sub["task"] == task]
             _errorline(ax, here["layer"], here, interval="2std", color="tab:blue", label="one layer reinitialized")
-            refs_here = T.reference_values(refs, task, first["model"], first["train_size"], condition=first.to_dict())
-            _reference_lines(ax, {"full model": refs_here.get("full model")})
+            full = _references(rows, "single-layer", here.iloc[0], cache).get("full model")
+            missing += [] if full else [task]
+            _reference_lines(ax, {"full model": full})
             _task_axes(ax, task, _metric(here), rows)
             _layer_ticks(ax, 1, layers.get(first["model"], 12))
             ax.set_xlabel("reinitialized layer", fontsize=8.5)
@@ -465,7 +513,8 @@ def single_layer_figure(rows: pd.DataFrame) -> list[Plot]:
         plots.append(Plot(
             f"fig6-single-layer{suffix}", figure,
             "Figure 6. Finetuning after reinitializing one layer (all others pretrained). Error bars: ±2 "
-            "standard deviations, as in the paper. Dashed: the full model." + _one_trial_note(sub)
+            "standard deviations, as in the paper. Dashed: the full model." + _no_reference_note(missing)
+            + _one_trial_note(sub)
             + _missing_note(sub, "layer", "layer") + _excluded_note(sub),
             "single_layer_figure", f"Figure 6: single-layer reinitialization ({_context(sub, part)})"))
     return plots
@@ -542,7 +591,7 @@ def weight_distance_figure(rows: pd.DataFrame) -> list[Plot]:
     long["distance"] = pd.to_numeric(long["distance"], errors="coerce")
     long["weight_layer"] = long["weight_layer"].astype(int)
     by = ["model", "task", "train_size", "weight_layer"]
-    table = _drawable(summarize(long.reset_index(drop=True), by, "distance"))
+    table = _drawable(summarize(long.reset_index(drop=True), by, "distance", pooled=T.FULL_MODEL_NEUTRAL))
     if table.empty:
         return []
     plots = []
@@ -689,13 +738,13 @@ def experiment_figure(rows: pd.DataFrame, experiment: str) -> list[Plot]:
         summary = summary[summary[view.reset_column].notna()]
     if summary.empty:
         return []
-    refs = T.reference_table(rows)
-    plots = []
+    plots, cache = [], {}
     for suffix, part, sub in _split(summary, ["model", "train_size", "reinit_mode"], drawn=tuple(c for c in (view.x, view.series) if c)):
         tasks = sorted(sub["task"].unique(), key=T.task_key)
         fig, axes = _panels(len(tasks))
         first = sub.iloc[0]
-        ticks = sorted(sub[view.x].dropna().unique(), key=str) if view.x else [experiment]
+        ticks = sorted(sub[view.x].dropna().unique(), key=_tick_order) if view.x else [experiment]
+        missing = []
         for ax, task in zip(axes, tasks):
             here = sub[sub["task"] == task]
             groups = here.groupby(view.series, sort=True) if view.series else [(experiment, here)]
@@ -703,8 +752,9 @@ def experiment_figure(rows: pd.DataFrame, experiment: str) -> list[Plot]:
                 x = [ticks.index(v) for v in group[view.x]] if view.x else [0] * len(group)
                 _errorline(ax, x, group, color=SERIES_COLORS[i % len(SERIES_COLORS)], label=str(name),
                              offset=0.1 * i)
-            _reference_lines(ax, T.reference_values(refs, task, first["model"], first["train_size"],
-                                                      first.get("reinit_mode"), condition=first.to_dict()))
+            refs = _references(rows, experiment, here.iloc[0], cache)
+            missing += [] if refs else [task]
+            _reference_lines(ax, refs)
             _task_axes(ax, task, _metric(here), rows)
             ax.set_xticks(np.arange(len(ticks)), [str(t) for t in ticks])
             ax.set_xlabel(view.x or "", fontsize=8.5)
@@ -713,7 +763,8 @@ def experiment_figure(rows: pd.DataFrame, experiment: str) -> list[Plot]:
                  + _extra(part))
         plots.append(Plot(f"{experiment}{suffix}", fig,
                             f"{view.title}. Means with 95% t-intervals; dashed: the full model, dotted: embeddings "
-                            "only (incremental k = 0)." + _one_trial_note(sub) + _excluded_note(sub),
+                            "only (incremental k = 0)." + _no_reference_note(missing) + _stein_note(sub)
+                            + _one_trial_note(sub) + _excluded_note(sub),
                             "experiment_figure", f"{view.title} ({_context(sub, part)})", f", {experiment!r}"))
     return plots
 
@@ -738,13 +789,14 @@ def probing_figure(rows: pd.DataFrame) -> list[Plot]:
         for ax, (task, size) in zip(axes, cells):
             here = tuned[(tuned["task"] == task) & (tuned["train_size"] == size)] if len(tuned) else tuned
             several = len(here) and here["reinit_mode"].nunique() > 1
-            for (mode, _), line in (here.groupby(["reinit_mode", "metric_name"], dropna=False) if len(here) else []):
-                _errorline(ax, line["k"], line, color=SERIES_COLORS[0],
-                           label="finetuned, layers 1..k pretrained" + (f" ({mode})" if several else ""))
+            finetuned = _lines(here, ["reinit_mode", "metric_name"], ("k", "train_size")) if len(here) else []
+            for i, ((mode, _), more, line) in enumerate(finetuned):
+                _errorline(ax, line["k"], line, color=SERIES_COLORS[0], marker="os^Dv"[i % 5],
+                           label="finetuned, layers 1..k pretrained" + (f" ({mode})" if several else "") + more)
             there = probe[(probe["task"] == task) & (probe["train_size"] == size)]
-            for kind, line in there.groupby("probe", dropna=False):
+            for (kind,), more, line in _lines(there, ["probe"], ("layer", "train_size")):
                 _errorline(ax, line["layer"], line, color=PROBE_COLOR, linestyle=PROBE_STYLES.get(kind, "--"),
-                           marker=".", linewidth=1.3, label=f"probe ({kind}), frozen model at layer k")
+                           marker=".", linewidth=1.3, label=f"probe ({kind}), frozen model at layer k{more}")
             _task_axes(ax, task, _metric(there) or _metric(here), rows)
             ax.set_title(f"{T.TASK_NAMES.get(task, task)}, {size:,} examples", fontsize=10)
             _layer_ticks(ax, 0, layers.get(model, 12))
@@ -757,6 +809,6 @@ def probing_figure(rows: pd.DataFrame) -> list[Plot]:
             "Probing the frozen model at each layer (orange; 0 = the embeddings output) beside finetuning with "
             "layers 1..k pretrained and the rest reinitialized (blue), on the same tasks and subset sizes; the "
             "paper's claim is that the two agree more as data gets scarcer. Error bars: 95% t-intervals (n-1 df)."
-            + _one_trial_note(both) + _missing_note(probe, "layer", "layer") + _excluded_note(both),
+            + _stein_note(both) + _one_trial_note(both) + _missing_note(probe, "layer", "layer") + _excluded_note(both),
             "probing_figure", f"Probing vs finetuning by layer ({_short('model', model)})"))
     return plots

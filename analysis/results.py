@@ -14,6 +14,7 @@ from trialrows.read import (  # noqa: F401
     FINISHED, as_list, finished_times, read_files, read_results, read_table, result_files, row_files, unique_trials,
 )
 from trialrows.schema import SCHEMA, SETTING, role
+from trialrows.summaries import metric_names
 
 # Columns every table may rely on; `prepare` adds any a frame lacks.
 CORE_COLUMNS = ("trial_id", "experiment", "task", "model", "train_size", "trial_index", "reinit_layers",
@@ -37,22 +38,13 @@ def prepare(rows: pd.DataFrame) -> pd.DataFrame:
             rows[column] = _as_integers(rows[column])
         elif role(column) == SETTING and rows[column].dtype == object:
             rows[column] = rows[column].map(_hashable)
-    rows["metric_name"] = _metric_names(rows)
+    rows["metric_name"] = metric_names(rows)
     return rows
 
 
 def load(path) -> pd.DataFrame:
     """`prepare(read_results(path))`: what every table and figure function expects."""
     return prepare(read_results(path))
-
-
-def _metric_names(rows: pd.DataFrame) -> pd.Series:
-    names = rows["metric_name"].astype(object)
-    known = names.notna()
-    if known.all() or not known.any():
-        return names.where(known, None)
-    by_task = rows[known].groupby("task")["metric_name"].agg(lambda m: m.mode().iloc[0])
-    return names.where(known, rows["task"].map(by_task)).where(lambda s: s.notna(), None)
 
 
 def _hashable(value):

@@ -129,7 +129,9 @@ def outcome(finished: dict[int, float], target: Target) -> Outcome:
     pilot_values = np.array([finished[i] for i in pilot], dtype=float)
     pilot_values = pilot_values[np.isfinite(pilot_values)]
     if len(pilot_values) < 2:
+        # No interval, but the tables print this mean in place of their own: the one value there is, not nan.
         return Outcome(NO_SPREAD, target.pilot, target.pilot, target.pilot, values=len(pilot_values),
+                       mean=float(pilot_values.mean()) if len(pilot_values) else float("nan"),
                        note=f"{len(pilot_values)} of {target.pilot} pilot trials gave a value: no spread to plan from")
     s0 = float(pilot_values.std(ddof=1))
     needed, uncapped = needed_trials(s0, len(pilot_values), target)

@@ -167,7 +167,27 @@ def condition_table(rows: pd.DataFrame, value: str = "dev_metric") -> pd.DataFra
     """n, mean, std, 95% t-interval and +-2 std per condition, from finished (status ok) trials only;
     `excluded` counts the diverged and failed trials left out of each condition, by kind in `diverged`
     and `failed`."""
+    rows = _metric_named(rows)
     return summarize(rows, condition_columns(rows), value)
+
+
+def _metric_named(rows: pd.DataFrame) -> pd.DataFrame:
+    """The rows as read from the store (the sweep's summary) with every metric name filled (metric_names)."""
+    if "metric_name" not in rows.columns or "task" not in rows.columns or rows["metric_name"].notna().all():
+        return rows
+    return rows.assign(metric_name=metric_names(rows))
+
+
+def metric_names(rows: pd.DataFrame) -> pd.Series:
+    """Each row's metric name; a trial that failed before its first report has none and takes its task's (the
+    most common among the task's rows), so it counts in its own condition's `failed` rather than as a
+    condition of its own beside it."""
+    names = rows["metric_name"].astype(object)
+    known = names.notna()
+    if known.all() or not known.any():
+        return names.where(known, None)
+    by_task = rows[known].groupby("task")["metric_name"].agg(lambda m: m.mode().iloc[0])
+    return names.where(known, rows["task"].map(by_task)).where(lambda s: s.notna(), None)
 
 
 # --- the lr-multipliers search: per cell, its best trial against its baseline -------------------------------

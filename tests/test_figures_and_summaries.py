@@ -1,0 +1,140 @@
+"""The numbers the tables and figures draw, checked by hand on small frames: one line is one condition, a
+reference line is the reference at the same settings, and a precision-targeted condition keeps the value it has."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis import figures as F
+from analysis.results import prepare
+from analysis.stats import condition_table
+from tests.test_analysis_trust import row
+from tests.test_precision import grid, stored
+from trialrows.precision import NO_SPREAD, Target, precision_table
+
+
+def lines(plot, panel=0) -> dict:
+    """{label: (x, y)} of a figure panel's labelled lines."""
+    ax = plot.figure.axes[panel]
+    return {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in ax.get_lines()
+            if not line.get_label().startswith("_")}
+
+
+def test_weight_distance_pools_the_full_model_whichever_experiment_ran_it():
+    # The heads baseline and the sublayer grid's full model are the same computation (nothing reset): one line,
+    # one point per layer, over all six trials.
+    rows = [row(f"h{t}", experiment="heads", k=None, t=t, weight_distance=[1.0 + t, 2.0, 3.0, 4.0]) for t in range(3)]
+    rows += [row(f"s{t}", experiment="sublayer", k=None, t=t + 3, weight_distance=[4.0 + t, 2.0, 3.0, 4.0])
+             for t in range(3)]
+    plots = F.weight_distance_figure(prepare(pd.DataFrame(rows)))
+    assert len(plots) == 1
+    x, y = lines(plots[0])["100 examples"]
+    assert x == [1, 2, 3, 4]
+    assert y[0] == pytest.approx(np.mean([1, 2, 3, 4, 5, 6]))
+
+
+def probing_rows():
+    rows = []
+    for patience, base in ((5, 0.6), (10, 0.9)):
+        for layer in range(3):
+            rows += [row(f"p{patience}-{layer}-{t}", experiment="probing", k=None, t=t, probe="mean-pool", layer=layer,
+                         patience=patience, reinit_layers=[], value=base + 0.01 * t) for t in range(2)]
+    return prepare(pd.DataFrame(rows))
+
+
+@pytest.mark.parametrize("figure", [F.probing_figure, F.incremental_figure])
+def test_a_probing_line_is_one_setting(figure):
+    drawn = lines(figure(probing_rows())[0])
+    probes = {label: xy for label, xy in drawn.items() if label.startswith("probe")}
+    assert len(probes) == 2, list(drawn)  # patience 5 and patience 10: two lines, never one zigzag
+    for x, y in probes.values():
+        assert x == [0, 1, 2] and len(set(np.round(y, 6))) == 1
+    assert any("patience=10" in label for label in probes)
+
+
+def test_a_finetuned_line_beside_the_probes_is_one_setting():
+    rows = [row(f"i{e}-{k}-{t}", k=k, t=t, epochs=e, value=0.5 + 0.1 * k + (0.2 if e == 10 else 0))
+            for e in (3, 10) for k in (0, 4) for t in range(2)]
+    rows += [row(f"p{layer}-{t}", experiment="probing", k=None, t=t, probe="mean-pool", layer=layer, reinit_layers=[],
+                 value=0.6) for layer in range(2) for t in range(2)]
+    drawn = lines(F.probing_figure(prepare(pd.DataFrame(rows)))[0])
+    tuned = {label: xy for label, xy in drawn.items() if label.startswith("finetuned")}
+    assert len(tuned) == 2, list(drawn)
+    assert sorted(y for _, y in tuned.values()) == [pytest.approx([0.5, 0.9]), pytest.approx([0.7, 1.1])]
+
+
+def references_at_two_settings():
+    rows = [row(f"f3-{t}", t=t, value=0.80, epochs=3) for t in range(2)]
+    rows += [row(f"f10-{t}", t=t, value=0.90, epochs=10) for t in range(2)]
+    rows += [row(f"z3-{t}", k=0, t=t, value=0.50, epochs=3) for t in range(2)]
+    rows += [row(f"z10-{t}", k=0, t=t, value=0.60, epochs=10) for t in range(2)]
+    return rows
+
+
+@pytest.mark.parametrize("figure", [F.localized_figure, F.single_layer_figure])
+def test_reference_lines_are_at_the_settings_of_the_trials_they_stand_beside(figure):
+    # The localized and single-layer trials trained 10 epochs; the full model ran at 3 and at 10 epochs.
+    rows = references_at_two_settings()
+    for t in range(2):
+        rows.append(row(f"l{t}", experiment="localized", k=None, t=t, value=0.7, epochs=10, block_mode="block-reinit",
+                        block_start=1, block_size=2, reinit_layers=[1, 2]))
+        rows.append(row(f"s{t}", experiment="single-layer", k=None, t=t, value=0.7, epochs=10, layer=1,
+                        reinit_layers=[1]))
+    drawn = lines(figure(prepare(pd.DataFrame(rows)))[0])
+    assert drawn["full model (all layers pretrained)"][1][0] == pytest.approx(0.90)
+    if figure is F.localized_figure:
+        assert drawn["embeddings only (all layers reinitialized)"][1][0] == pytest.approx(0.60)
+
+
+def test_a_reference_missing_at_the_trials_settings_is_not_drawn_from_another():
+    rows = [row(f"f3-{t}", t=t, value=0.80, epochs=3) for t in range(2)]
+    rows += [row(f"s{t}", experiment="single-layer", k=None, t=t, value=0.7, epochs=10, layer=1, reinit_layers=[1])
+             for t in range(2)]
+    (plot,) = F.single_layer_figure(prepare(pd.DataFrame(rows)))
+    assert "full model (all layers pretrained)" not in lines(plot)
+    assert "No reference runs at these settings for sst2." in plot.caption
+
+
+def test_a_layer_axis_is_in_numeric_order():
+    rows = [row(f"s{layer}-{t}", experiment="sublayer", k=None, t=t, layer=layer, sublayer="attention",
+                reinit_layers=[], value=0.5 + 0.01 * layer) for layer in (1, 2, 10) for t in range(2)]
+    plot = F.experiment_figure(prepare(pd.DataFrame(rows)), "sublayer")[0]
+    ax = plot.figure.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "2", "10"]
+    x, y = lines(plot)["attention"]
+    assert y == pytest.approx([0.51, 0.52, 0.60])
+
+
+def test_a_precision_target_without_spread_keeps_the_one_value_it_has():
+    # Two of three pilot trials diverged: no interval can be planned, but the one finished value is the mean.
+    target = Target(0.02, pilot=3, max_trials=8)
+    values = {(2, 0): 0.7, (2, 1): np.nan, (2, 2): np.nan, **{(0, i): v for i, v in enumerate([0.5, 0.52, 0.51])}}
+    rows = prepare(stored(grid(target=target), values))
+    outcome = precision_table(rows).set_index("k").loc[2]
+    assert outcome["state"] == NO_SPREAD and outcome["mean"] == pytest.approx(0.7)
+    assert np.isnan(outcome["ci95_low"])
+    summary = condition_table(rows).set_index("k").loc[2]
+    assert (summary["n"], summary["excluded"]) == (1, 2)
+    assert summary["mean"] == pytest.approx(0.7) and np.isnan(summary["ci95_low"])
+
+
+def test_a_figure_says_where_its_bars_are_steins_interval_not_the_t_interval_on_n_minus_1_df():
+    target = Target(0.02, pilot=3, max_trials=8)
+    values = {(2, i): v for i, v in enumerate([0.70, 0.71, 0.72, 0.70, 0.715])}  # reached at N = 5
+    values |= {(0, i): v for i, v in enumerate([0.5, 0.52, 0.51])}
+    plot = F.incremental_figure(prepare(stored(grid(target=target), values)))[0]
+    assert "95% t-intervals (n-1 df)" in plot.caption and "Stein's two-stage interval" in plot.caption
+
+
+def test_the_sweeps_summary_counts_a_trial_that_failed_before_reporting_in_its_own_condition(tmp_path):
+    from sweep.store import write_row
+    from trialrows.read import read_results
+    from trialrows.summaries import condition_table as sweep_summary
+
+    for r in [row(f"a{t}", t=t, value=0.8 + 0.01 * t) for t in range(3)] + [row("e", t=3, status="error")]:
+        write_row(tmp_path, r)
+    table = sweep_summary(read_results(tmp_path))  # the rows as the sweep reads them: no analysis.prepare
+    assert len(table) == 1
+    assert (table.loc[0, "n"], table.loc[0, "excluded"], table.loc[0, "failed"]) == (3, 1, 1)
+    assert table.loc[0, "mean"] == pytest.approx(0.81)
