@@ -238,32 +238,15 @@ def _missing_note(table: pd.DataFrame, x: str, label: str) -> str:
     return f" No finished trial (not drawn): {', '.join(dict.fromkeys(names))}."
 
 
-def _same_settings(frame: pd.DataFrame, condition) -> pd.Series:
-    """Rows of `frame` whose settings equal `condition`'s (a dict or Series), on the columns both carry."""
-    mask = pd.Series(True, index=frame.index)
-    for column, value in dict(condition).items():
-        if column in frame.columns and column in T.setting_columns([column]):
-            mask &= frame[column].isna() if _is_missing(value) else (frame[column] == value).fillna(False)
-    return mask
-
-
-def _is_missing(value) -> bool:
-    return value is None or value is pd.NA or value is pd.NaT or (np.isscalar(value) and pd.isna(value))
-
-
 def _references(rows: pd.DataFrame, experiment: str, line: pd.Series, cache: dict) -> dict:
     """`T.reference_values` for the trials behind `line` (a row of `experiment`'s table), taken from rows at
     every setting those trials share: a table shows a setting only where its rows mix it, so `line` alone
     would let a full model of 3 epochs stand beside trials of 10. Empty where no run at those settings exists.
     `cache` (one per figure) keeps the reference table of each set of rows: panels mostly share one."""
     picked = T.of(rows, experiment)
-    behind = picked[_same_settings(picked, line)]
-    shared = {c: behind[c].iloc[0] for c in T.setting_columns(behind.columns)
-              if len(behind) and behind[c].nunique(dropna=False) == 1}
-    condition = {**shared, **line.to_dict()}
-    free = ("task", "model", "train_size", "reinit_mode", *T.FULL_MODEL_NEUTRAL)  # reference_values picks these
-    at = {c: v for c, v in condition.items() if c not in free and not isinstance(v, (tuple, list, np.ndarray))}
-    mask = _same_settings(rows, at).to_numpy()
+    behind = picked[T.same_settings(picked, line)]
+    condition = {**T.shared_settings(behind), **line.to_dict()}
+    mask = T.same_settings(rows, T.reference_settings(condition)).to_numpy()
     key = mask.tobytes()
     if key not in cache:
         cache[key] = T.reference_table(rows[mask])
@@ -406,7 +389,7 @@ def permutation_figure(rows: pd.DataFrame) -> list[Plot]:
         figure, axes = _panels(len(tasks), width=2.9)
         for ax, task in zip(axes, tasks):
             line = sub[sub["task"] == task].iloc[0]
-            values = ok.loc[_same_settings(ok, line[[c for c in sub.columns if c in ok.columns]]), "dev_metric"]
+            values = ok.loc[T.same_settings(ok, line[[c for c in sub.columns if c in ok.columns]]), "dev_metric"]
             values = values.to_numpy(float)
             _reference_lines(ax, _references(rows, "permutation", line, cache), band=True)
             if len(values) >= 3 and np.ptp(values) > 0:

@@ -168,6 +168,33 @@ def reference_table(rows: pd.DataFrame) -> pd.DataFrame:
     return _sort(table, ["task", "model", "train_size", *extra, "reference", "reinit_mode"])
 
 
+def same_settings(frame: pd.DataFrame, condition) -> pd.Series:
+    """Rows of `frame` whose settings equal `condition`'s (a dict or Series), on the columns both carry."""
+    mask = pd.Series(True, index=frame.index)
+    for column, value in dict(condition).items():
+        if column in frame.columns and column in setting_columns([column]):
+            mask &= frame[column].isna() if _is_missing(value) else (frame[column] == value).fillna(False)
+    return mask
+
+
+def _is_missing(value) -> bool:
+    return value is None or value is pd.NA or value is pd.NaT or (np.isscalar(value) and pd.isna(value))
+
+
+def shared_settings(behind: pd.DataFrame) -> dict:
+    """The settings every row of `behind` shares: a table shows a setting only where its rows mix it, so its
+    row alone would let a full model of 3 epochs stand beside trials of 10."""
+    return {c: behind[c].iloc[0] for c in setting_columns(behind.columns)
+            if len(behind) and behind[c].nunique(dropna=False) == 1}
+
+
+def reference_settings(condition: dict) -> dict:
+    """Of a condition's settings, those its references must share (reference_values matches task, model and
+    size itself; a full model is the same computation whatever the experiment or reinit mode that ran it)."""
+    free = ("task", "model", "train_size", "reinit_mode", *FULL_MODEL_NEUTRAL)
+    return {c: v for c, v in condition.items() if c not in free and not isinstance(v, (tuple, list, np.ndarray))}
+
+
 def reference_values(refs: pd.DataFrame, task, model, train_size, reinit_mode=None, condition=None) -> dict:
     """From `reference_table(rows)`: {'full model': its row as a dict, 'embeddings only': ...} for one
     cell; a reference the rows do not have is absent. `condition` (a row of a table: its settings) picks,
@@ -419,7 +446,8 @@ def probing_table(rows: pd.DataFrame) -> pd.DataFrame:
     by = ["task", "model", "train_size", "probe", "layer", "metric_name"]
     table = _experiment_table(rows, ["probing"], by)
     if len(table) and "stop_epoch" in picked.columns:
-        by = [c for c in by if c in picked.columns]
+        # per row of the table: by its every setting (two patiences are two rows, each with its own epochs)
+        by = [c for c in table.columns if c in picked.columns and c not in MADE_COLUMNS]
         ok = picked[picked["status"] == "ok"]
         stop = ok.groupby(by, dropna=False)["stop_epoch"].mean().rename("mean_stop_epoch").reset_index()
         table = table.merge(stop, on=by, how="left")
@@ -472,7 +500,8 @@ def heads_table(rows: pd.DataFrame) -> pd.DataFrame:
         table = table.merge(baseline[[*on, "mean"]].rename(columns={"mean": "baseline"}), on=on, how="left")
     else:
         table["baseline"] = np.nan
-    refs = reference_table(rows)
+    # The full models at the heads trials' own settings: another recipe's (epochs 3 beside 10) is no baseline.
+    refs = reference_table(rows[same_settings(rows, reference_settings(shared_settings(picked)))])
     full = refs[refs["reference"] == "full model"]
     on = [c for c in full.columns if c in keys and c not in ("reinit_mode", "source", "reference")]
     if len(full) and table["baseline"].isna().any():  # no baseline of its own: the full-model reference

@@ -138,3 +138,25 @@ def test_the_sweeps_summary_counts_a_trial_that_failed_before_reporting_in_its_o
     assert len(table) == 1
     assert (table.loc[0, "n"], table.loc[0, "excluded"], table.loc[0, "failed"]) == (3, 1, 1)
     assert table.loc[0, "mean"] == pytest.approx(0.81)
+
+
+def test_a_heads_grid_without_its_own_baseline_is_compared_with_the_full_model_of_its_settings():
+    # Heads trials at 10 epochs, no unablated baseline of their own: the full model at 10 epochs is the baseline,
+    # never the one at 3 epochs that happens to come first.
+    from analysis.tables import heads_table
+
+    rows = references_at_two_settings()
+    rows += [row(f"h{t}", experiment="heads", k=None, t=t, value=0.7, epochs=10, layer=1, head=0, reinit_layers=[])
+             for t in range(2)]
+    table = heads_table(prepare(pd.DataFrame(rows)))
+    assert len(table) == 1
+    assert table.loc[0, "baseline"] == pytest.approx(0.90) and table.loc[0, "delta"] == pytest.approx(-0.20)
+
+
+def test_each_probing_setting_keeps_its_own_mean_stopping_epoch():
+    from analysis.tables import probing_table
+
+    rows = [row(f"p{patience}-{t}", experiment="probing", k=None, t=t, probe="mean-pool", layer=1, patience=patience,
+                reinit_layers=[], stop_epoch=patience + 1) for patience in (5, 10) for t in range(2)]
+    table = probing_table(prepare(pd.DataFrame(rows))).set_index("patience")
+    assert table["mean_stop_epoch"].to_dict() == {5: 6.0, 10: 11.0}
