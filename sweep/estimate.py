@@ -12,13 +12,16 @@ own clock; trials are scheduled in grid order, each to the first free slot, afte
   matmul peak of one trial's threads, as a trial measures it: in a dry run measured now (the rows' MFU is
   relative to the peak each measured under its own load, so rows run on a busier or quieter machine carry
   over), in `sweep status` the running sweep's rows' own.
-- MFU: the model FLOPs (x pack size) of the finished rows on that kind of device over their wall seconds, in
-  all, over their median peak: in a dry run every sweep's rows under `--storage` (the same model's when there
-  are some), weighed against `DEFAULT_MFU` as if it were `PRIOR_ROWS` rows (a machine's speed moves 15-20%
-  from one sweep to the next here, so two rows are mostly the default and forty mostly theirs); in `sweep
-  status` the running sweep's own alone. A GPU row is read as its pack holding one whole device.
-- Slots: on a CPU, the CPUs over `--cpus-per-trial` (this machine's, or the cluster's when Ray runs); on a GPU,
-  one device's throughput (trials sharing it share it): wall time on one device, and its GPU-hours.
+- MFU: the model FLOPs of the finished rows on that kind of device over their wall seconds, in all, over their
+  median peak, a fused pack's rows together over its wall clock (a row without `pack_id`: x its pack size): in a
+  dry run every sweep's rows under `--storage` (the same model's when there are some), weighed against
+  `DEFAULT_MFU` as if it were `PRIOR_ROWS` rows (a machine's speed moves 15-20% from one sweep to the next here,
+  so two rows are mostly the default and forty mostly theirs); in `sweep status` the running sweep's own alone.
+  A GPU row is read as its pack holding one whole device.
+- Slots: on a CPU, the CPUs over `--cpus-per-trial` (this machine's, or the cluster's when Ray runs; a trial
+  given less than a CPU shares one); on a GPU, one device's throughput (trials sharing it share it): wall time
+  on one device, and its GPU-hours. `sweep status` counts a pack as one slot.
+- A dry run prices the trials a rerun would run: those without a finished row in the sweep's folder.
 """
 from __future__ import annotations
 
@@ -133,7 +136,8 @@ def measured_mfu(rows: pd.DataFrame, device: str, model: str | None = None) -> t
     needed = {"model_flops", "wall_seconds", "peak_flops", "device", "status"}
     if rows is None or rows.empty or not needed <= set(rows.columns):
         return None
-    pack = pd.to_numeric(rows["pack_size"], errors="coerce").fillna(1) if "pack_size" in rows else 1.0
+    pack = pd.to_numeric(rows["pack_size"], errors="coerce").fillna(1) if "pack_size" in rows else \
+        pd.Series(1.0, index=rows.index)
     flops, wall, peak = (pd.to_numeric(rows[c], errors="coerce") for c in ("model_flops", "wall_seconds", "peak_flops"))
     usable = (rows["status"] == "ok") & (flops > 0) & (wall > 0) & (peak > 0) & \
         (rows["device"].map(device_kind) == device)
@@ -143,28 +147,49 @@ def measured_mfu(rows: pd.DataFrame, device: str, model: str | None = None) -> t
     picked, which = (same, f"{int(same.sum())} finished rows of {model}") if same.any() else \
         (usable, f"{int(usable.sum())} finished rows of other models")
     # Their FLOPs over their wall seconds in all (the rate that gives their total time back), over their peak:
-    # a CPU's peak, measured at each trial's start, moves with the machine's load, so MFU is not averaged.
-    rate = float((flops * pack)[picked].sum() / wall[picked].sum())
+    # a CPU's peak, measured at each trial's start, moves with the machine's load, so MFU is not averaged. A
+    # fused pack's rows each carry the wall clock of the whole Tune trial up to their end (a later group's
+    # includes the groups before it), so a pack counts once: its rows' FLOPs over its longest wall.
+    key = pack_key(rows)
+    alone = ~key.str.startswith(PACKED)  # no pack_id: the row stands for its pack_size trials
+    totals = pd.DataFrame({"flops": flops * pack.where(alone, 1), "wall": wall})[picked].groupby(key[picked])
+    rate = float(totals["flops"].sum().sum() / totals["wall"].max().sum())
     typical_peak = float(peak[picked].median())
     return rate / typical_peak, typical_peak, int(picked.sum()), which
+
+
+PACKED = "pack:"
+
+
+def pack_key(rows: pd.DataFrame) -> pd.Series:
+    """Which computation each row's wall clock measured: its fused pack (`pack_id`), else the row alone."""
+    own = pd.Series([f"row:{i}" for i in range(len(rows))], index=rows.index, dtype=object)
+    if "pack_id" not in rows:
+        return own
+    packed = rows["pack_id"].map(lambda p: f"{PACKED}{p}" if isinstance(p, str) and p else None)
+    return packed.where(packed.notna(), own).astype(object)
 
 
 def rate_for(device: str, rows: pd.DataFrame | None, model: str, cpus_per_trial: float, cpus: float | None = None) -> Rate:
     """The rate of trials of `model` on `device`: the store's rows' MFU weighed against the default's
     (`blended_mfu`), times the data sheet's peak or this CPU's, measured now."""
-    from trainables.cost import GPU_PEAK_FLOPS
+    from trainables.cost import FP32_PEAKS, GPU_PEAK_FLOPS
 
     measured = measured_mfu(rows, device, model)
     threads = max(1, int(cpus_per_trial or 1))
     if device == "cpu":
         cpus = cpus or os.cpu_count() or 1
-        slots, share = max(1, int(cpus // max(cpus_per_trial or 1, 1e-9))), threads
-        peak = cpu_peak(threads)
+        # A trial runs at least one thread: given less than a core, it shares that core with the slots beside it.
+        held = min(float(cpus_per_trial or 1), threads)
+        slots, share = max(1, int(cpus // max(cpus_per_trial or 1, 1e-9))), held
+        peak = cpu_peak(threads) * held / threads
         where = f"{flops_per_second(peak)} fp32 matmul peak of {threads} thread{'s' * (threads > 1)}, measured here now"
+        if held < threads:
+            where += f", shared by {threads / held:g} trials"
     else:
         key = next(k for k in GPU_PEAK_FLOPS if k.lower() == device)
         slots, share, peak = 1, 1.0, GPU_PEAK_FLOPS[key]
-        where = f"{flops_per_second(peak)}, {key}'s data-sheet dense bf16 peak"
+        where = f"{flops_per_second(peak)}, {key}'s data-sheet dense {'fp32' if key in FP32_PEAKS else 'bf16'} peak"
     default = DEFAULT_MFU["cpu" if device == "cpu" else "gpu"]
     if measured:
         mfu = blended_mfu(measured[0], measured[2], default)
@@ -283,6 +308,9 @@ def spec_flops(specs, settings, num_layers: int, stored: pd.DataFrame | None = N
     if stored is not None and len(stored) and "model_flops" in stored:
         ok = stored[(stored["status"] == "ok") & pd.to_numeric(stored["model_flops"], errors="coerce").gt(0)]
         known = dict(zip(ok["trial_id"], ok["model_flops"].astype(float)))
+        if "settings_id" in ok:  # a dry run's specs carry no fingerprints: their ids are the rows' settings ids
+            known = {**{i: f for i, f in zip(ok["settings_id"], ok["model_flops"].astype(float))
+                        if isinstance(i, str)}, **known}
     todo = [s for s in specs if s.trial_id not in known]
     data, note = local_data(settings, todo, raw) if todo else (None, "FLOPs from the store's rows")
     labels = {key: task.num_labels for key, task in (data or {}).items()}
@@ -361,12 +389,15 @@ def chosen_device(args) -> str:
     return args.estimate_for or ("cpu" if not args.gpus_per_trial else "a100")
 
 
-def dry_run_estimate(specs, settings, args, num_layers: int, folder, raw=None, stored=None) -> tuple[list[float], Rate, str]:
+def dry_run_estimate(specs, settings, args, num_layers: int, folder, raw=None, stored=None,
+                     everything=None) -> tuple[list[float], Rate, str]:
     """(each spec's FLOPs, the rate on --estimate-for, how the FLOPs were counted) for a dry run: FLOPs known
-    from the sweep's own rows (`stored`), the rate measured by every sweep's rows under --storage."""
+    from the sweep's own rows (`stored`), the rate measured by every sweep's rows under --storage (`everything`,
+    read here unless given)."""
     from sweep.store import location
 
-    everything = stored_rows(location(args.storage))
+    if everything is None:
+        everything = stored_rows(location(args.storage))
     if stored is None:  # the sweep's folder lies under the location: no row there (or a bucket that does not
         stored = stored_rows(folder) if len(everything) else everything  # answer), none in it: asked once
     flops, note = spec_flops(specs, settings, num_layers, stored, raw)
@@ -376,18 +407,40 @@ def dry_run_estimate(specs, settings, args, num_layers: int, folder, raw=None, s
 
 def estimate_text(specs, settings, args, num_layers: int, folder, raw=None) -> str:
     """What `--dry-run` prints of a sweep's cost."""
+    from sweep.store import location
+
     if not specs:
         return "cost: no trial to run"
-    flops, rate, note = dry_run_estimate(specs, settings, args, num_layers, folder, raw)
-    return "\n".join([header(rate, note), cost_table(specs, flops, rate), summary_line("total", flops, rate)])
+    everything = stored_rows(location(args.storage))
+    stored = stored_rows(folder) if len(everything) else everything
+    flops, rate, note = dry_run_estimate(specs, settings, args, num_layers, folder, raw, stored, everything)
+    # A rerun skips the trials the store has finished: only the others cost anything.
+    done = done_ids(stored)
+    left = [f for spec, f in zip(specs, flops) if spec.trial_id not in done]
+    label = f"total ({len(specs) - len(left)} of {len(specs)} already done)" if len(left) < len(specs) else "total"
+    return "\n".join([header(rate, note), cost_table(specs, flops, rate), summary_line(label, left, rate)])
+
+
+def done_ids(stored: pd.DataFrame) -> set:
+    """The ids of the trials `stored` holds finished rows of, and their settings ids (a dry run's specs carry no
+    fingerprints)."""
+    from trialrows.read import FINISHED
+
+    if stored is None or not len(stored) or "status" not in stored:
+        return set()
+    finished = stored[stored["status"].isin(FINISHED)]
+    ids = set(finished["trial_id"])
+    if "settings_id" in finished:
+        ids |= {i for i in finished["settings_id"] if isinstance(i, str)}
+    return ids
 
 
 # --- a running sweep ------------------------------------------------------------------------------------------
 
 
 def observed_slots(rows: pd.DataFrame) -> int:
-    """The most trials the rows show running at once (a trial ran from finished_at - wall_seconds to
-    finished_at); 1 without such rows."""
+    """The most trials (a fused pack: one) the rows show running at once (a trial ran from finished_at -
+    wall_seconds to finished_at); 1 without such rows."""
     from trialrows.read import finished_times
 
     if rows.empty or "wall_seconds" not in rows:
@@ -397,8 +450,11 @@ def observed_slots(rows: pd.DataFrame) -> int:
     usable = end.notna() & wall.notna()
     if not usable.any():
         return 1
-    ends = (end[usable] - pd.Timestamp(0, tz="UTC")).dt.total_seconds().to_numpy()
-    starts = ends - wall[usable].to_numpy(float)
+    # A pack's members share its device and its wall clock: one span per pack, however many rows it landed.
+    spans = pd.DataFrame({"end": (end - pd.Timestamp(0, tz="UTC")).dt.total_seconds(), "wall": wall})[usable]
+    spans = spans.groupby(pack_key(rows)[usable]).max()
+    ends = spans["end"].to_numpy(float)
+    starts = ends - spans["wall"].to_numpy(float)
     # finished_at is in whole seconds, written a moment after the trial's clock stopped: a trial that began as
     # another ended must not count as beside it.
     slack = np.minimum(5.0, 0.1 * (ends - starts))

@@ -18,7 +18,6 @@ import pandas as pd
 
 from sweep.grid import TrialSpec
 from trialrows.precision import MEAN, PAIRED, PILOT, Target, expected_trials, precision_outcomes, precision_table
-from trialrows.read import FINISHED
 
 DEFAULT_PILOT, DEFAULT_MAX_TRIALS = 5, 50
 # What the end of a precision-targeted sweep prints per condition (beside its condition columns).
@@ -152,7 +151,7 @@ def cost_text(specs, settings, options, num_layers: int, folder, target: Target,
     pilot = [s for s in specs if s.trial_index < target.pilot]
     flops, rate, note = estimate.dry_run_estimate(specs, settings, options, num_layers, folder, raw, stored)
     by_id = dict(zip((s.trial_id for s in specs), flops))
-    done = set(stored.loc[stored["status"].isin(FINISHED), "trial_id"]) if len(stored) else set()
+    done = estimate.done_ids(stored)  # by settings id too: a dry run's specs carry no fingerprints
     first = [by_id[s.trial_id] for s in pilot if s.trial_id not in done]
     rest = [by_id[s.trial_id] for s in specs if s.trial_index >= target.pilot and s.trial_id not in done]
     lines = [estimate.header(rate, note), estimate.cost_table(pilot, [by_id[s.trial_id] for s in pilot], rate),

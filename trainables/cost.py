@@ -19,18 +19,29 @@ GPU_PEAK_FLOPS = {
     "H100": 989e12,
     "A100": 312e12,
     "L40S": 362e12,
+    "L40": 181e12,  # before L4, whose name is part of its own
     "A10G": 70e12,
     "L4": 121e12,
-    "V100": 125e12,
-    "T4": 65e12,
+    # Volta and Turing have no bf16 tensor cores (their 125 and 65 TFLOP/s are fp16's): bf16 runs at fp32's rate
+    "V100": 15.7e12,
+    "T4": 8.1e12,
     "TITAN Xp": 12.1e12,
 }
+FP32_PEAKS = ("V100", "T4", "TITAN Xp")  # the cards whose figure above is fp32's
 
 
 def non_embedding_params(model: nn.Module) -> int:
-    emb = getattr(getattr(model, "base_model", model), "embeddings", None)
+    """Parameters a token meets outside the embeddings, each as often as it is applied: ALBERT's layer groups
+    run num_hidden_layers / num_hidden_groups times each, and a token pays their FLOPs every time."""
+    base = getattr(model, "base_model", model)
+    emb = getattr(base, "embeddings", None)
     skip = {id(p) for p in emb.parameters()} if emb is not None else set()
-    return sum(p.numel() for p in model.parameters() if id(p) not in skip)
+    uses = {}
+    groups = getattr(getattr(model, "config", None), "num_hidden_groups", None)
+    shared = getattr(getattr(base, "encoder", None), "albert_layer_groups", None)
+    if groups and shared is not None:
+        uses = {id(p): model.config.num_hidden_layers // groups for p in shared.parameters()}
+    return sum(p.numel() * uses.get(id(p), 1) for p in model.parameters() if id(p) not in skip)
 
 
 def sequence_flops(lengths: np.ndarray, n_params: int, num_layers: int, hidden: int, train: bool) -> float:

@@ -1,0 +1,135 @@
+"""What a trial costs and how it is reported (trainables.cost, sweep.estimate): FLOPs against torch's own count,
+the peaks MFU is taken against, and the estimates made from a store's rows."""
+from __future__ import annotations
+
+import types
+
+import pandas as pd
+import pytest
+import torch
+
+from sweep import estimate
+from trainables.cost import non_embedding_params, peak_flops, sequence_flops
+
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def counted_by_torch(model, ids) -> int:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        model(input_ids=ids).last_hidden_state.sum().backward()
+    return counter.get_total_flops()
+
+
+@pytest.mark.parametrize("family", ["bert", "albert"])
+def test_a_training_steps_flops_agree_with_torchs_count_for_a_model_that_shares_its_layers(family):
+    from transformers import AlbertConfig, AlbertModel, BertConfig, BertModel
+
+    config_of, model_of, extra = {"bert": (BertConfig, BertModel, {}),
+                                  "albert": (AlbertConfig, AlbertModel, {"embedding_size": 32})}[family]
+    config = config_of(vocab_size=100, hidden_size=64, num_hidden_layers=6, num_attention_heads=4,
+                       intermediate_size=256, max_position_embeddings=64, **extra)
+    torch.manual_seed(0)
+    model = model_of(config)
+    ids = torch.randint(1, 100, (2, 12))
+    formula = sequence_flops([12, 12], non_embedding_params(model), 6, 64, train=True)
+    # ALBERT's one layer runs 6 times: counted once, its FLOPs came out 4.5x too few
+    assert formula == pytest.approx(counted_by_torch(model, ids), rel=0.08)
+
+
+@pytest.mark.parametrize("name, peak, kind", [
+    ("Tesla V100-SXM2-16GB", 15.7e12, "v100"), ("Tesla T4", 8.1e12, "t4"),  # fp32's, not fp16's 125 and 65
+    ("NVIDIA L40", 181e12, None), ("NVIDIA L40S", 362e12, "l40s"), ("NVIDIA L4", 121e12, "l4")])
+def test_each_card_is_measured_against_its_own_peak(monkeypatch, name, peak, kind):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    peak_flops.cache_clear()
+    try:
+        assert peak_flops("cuda:0")[0] == pytest.approx(peak, rel=0.1)
+    finally:
+        peak_flops.cache_clear()
+    assert estimate.device_kind(name) == kind  # an L40's rows are not an L4's
+    if kind is not None:
+        source = estimate.rate_for(kind, None, "m", cpus_per_trial=1).source
+        assert f"data-sheet dense {'fp32' if kind in ('v100', 't4') else 'bf16'} peak" in source
+
+
+def pack_rows(walls, finished="2026-11-24T00:10:00+0000") -> pd.DataFrame:
+    """The rows of one fused pack of len(walls) trials on an H100, 1e14 FLOPs each."""
+    n = len(walls)
+    return pd.DataFrame({"trial_id": [f"t{i}" for i in range(n)], "status": ["ok"] * n, "model": ["m"] * n,
+                         "device": [H100] * n, "model_flops": [1e14] * n, "wall_seconds": list(map(float, walls)),
+                         "peak_flops": [989e12] * n, "pack_size": [n] * n, "pack_id": ["pack-a"] * n,
+                         "task": ["sst2"] * n, "train_size": [500] * n, "epochs": [3] * n,
+                         "finished_at": [finished] * n})
+
+
+def test_a_pack_trained_in_two_groups_counts_its_wall_clock_once():
+    # Two groups of two: the second group's rows carry the whole pack's 20 s, the first group's its own 10 s.
+    rows = pack_rows([10, 10, 20, 20])
+    mfu = estimate.measured_mfu(rows, "h100", "m")[0]
+    assert mfu == pytest.approx(4e14 / 20 / 989e12)  # was 4 x 4e14 / 60 s: a third too fast
+
+
+def test_what_a_running_sweep_has_left_counts_a_pack_as_one_slot():
+    stored = pack_rows([100, 100, 100, 100])  # one pack of 4 on one GPU, 100 s
+    trials = pd.DataFrame({"task": ["sst2"] * 4, "train_size": [500] * 4, "epochs": [3] * 4,
+                           "state": ["not yet run"] * 4})
+    line = estimate.remaining_line(trials, stored, "not yet run")
+    assert "about 100 s on 1 slot " in line, line  # another pack of 4: not 25 s on 4 slots
+
+
+def grid_specs(n: int = 2):
+    from sweep.experiments import EXPERIMENTS, GridSettings
+
+    settings = GridSettings.of(model="m", tasks=("synthetic",), sizes=(40,), trials=((0, 1),), epochs=1)
+    return EXPERIMENTS["incremental"].build(settings, 4, 4)[:n], settings
+
+
+def test_a_dry_run_takes_a_trials_flops_from_its_fingerprinted_row(monkeypatch):
+    (spec,), settings = grid_specs(1)
+
+    def counted_again(*args, **kwargs):
+        raise AssertionError("the stored row was passed over: its FLOPs counted again from the data")
+
+    monkeypatch.setattr(estimate, "local_data", counted_again)
+    # a real run's row: its id hashes the data and weights, which a dry run does not read
+    stored = pd.DataFrame({"trial_id": [spec.trial_id + "-fingerprinted"], "settings_id": [spec.trial_id],
+                           "status": ["ok"], "model_flops": [123.0]})
+    assert estimate.spec_flops([spec], settings, 4, stored) == ([123.0], "FLOPs from the store's rows")
+
+
+def test_a_dry_run_prices_only_the_trials_a_rerun_would_run(monkeypatch, tmp_path):
+    specs, settings = grid_specs(2)
+    stored = pd.DataFrame({"trial_id": ["done-fingerprinted"], "settings_id": [specs[0].trial_id],
+                           "status": ["ok"], "model_flops": [1e12]})
+    monkeypatch.setattr(estimate, "stored_rows", lambda folder: stored)
+    monkeypatch.setattr(estimate, "spec_flops", lambda specs, *a, **k: ([1e12, 2e12][:len(specs)], "counted"))
+    args = types.SimpleNamespace(storage=str(tmp_path), estimate_for="h100", gpus_per_trial=0, cpus_per_trial=1)
+    out = estimate.estimate_text(specs, settings, args, 4, tmp_path / "rows")
+    assert "total (1 of 2 already done): 1 trials, 2e+12 FLOPs" in out, out
+
+
+def test_trials_given_half_a_core_each_share_it():
+    # 4 trials on 2 CPUs at 0.5 each run one thread apiece, two to a core: the same work as 2 at 1 CPU each.
+    half = estimate.rate_for("cpu", None, "m", cpus_per_trial=0.5, cpus=2)
+    whole = estimate.rate_for("cpu", None, "m", cpus_per_trial=1, cpus=2)
+    flops = [1e14] * 4
+    assert estimate.sweep_seconds(flops, half, started=True) == \
+        pytest.approx(estimate.sweep_seconds(flops, whole, started=True), rel=0.02)  # was half of it
+    assert estimate.device_hours(flops, half) == pytest.approx(estimate.device_hours(flops, whole), rel=0.02)
+
+
+def test_a_dry_run_of_a_sweep_half_done_prices_the_rest(tiny_bert, tmp_path, monkeypatch, capsys):
+    import sweep.cli
+    from tests.test_status import fake_run
+
+    argv = ["incremental", "--model", tiny_bert, "--tasks", "synthetic", "--sizes", "16", "--k", "0", "2",
+            "--trials", "2", "--epochs", "1", "--storage", str(tmp_path), "--name", "sw", "--estimate-for", "h100"]
+    monkeypatch.setattr(sweep.cli, "run", fake_run({}))  # rows as a real run lands them: fingerprinted ids
+    monkeypatch.setattr(sweep.cli, "start_ray_if_none", lambda address: False)  # no trial runs on Ray here
+    assert sweep.cli.main(argv) == 1  # ok, diverged, error; the fourth never ran
+    capsys.readouterr()
+    assert sweep.cli.main([*argv, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "total (2 of 4 already done): 2 trials" in out, out
