@@ -178,7 +178,7 @@ def run_trials(
     more Tune callbacks (trackers, the Python API's).
 
     Every run is a new Tune experiment. With `resume`, each trial goes on from the newest checkpoint an earlier
-    run left for its trial_id under `tune_dir` (trainables.tune_trainable.earlier_checkpoint): a resume is
+    run left for its trial_id under `tune_dir` (trainables.tune_trainable.earlier_checkpoints): a resume is
     rebuilt from the store's rows (which trials are done) and checkpoints, and never unpickles Tune's
     experiment state, which anyone who can write to the store could have replaced."""
     from ray import tune

@@ -315,18 +315,23 @@ class Progress:
                 **cost_fields(self.flops, self.train_seconds + self.eval_seconds, device), **self.phase_one}
 
 
-def training_state(epoch: int, model, optimizer, scheduler, rng, progress: Progress) -> dict:
+def training_state(epoch: int, model, optimizer, scheduler, rng, progress: Progress,
+                   start_weights: list[list[torch.Tensor]] | None = None) -> dict:
     """All a run needs to continue after `epoch` as if it had never stopped: weights, optimizer and schedule,
     the batch-order and dropout random streams, the figures so far. Tensors are the live ones (no copy):
-    write them out before training goes on."""
+    write them out before training goes on. `start_weights`: the layers' weights the final task started from,
+    which only a sequential trial needs saved (a resumed one skips the intermediate phase that made them)."""
     return {
+        **({"start_weights": start_weights} if start_weights is not None else {}),
         "epoch": epoch,
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict(),
         "batch_rng": rng.bit_generator.state,
         "torch_rng": torch.get_rng_state(),
-        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        # Only a trial on a GPU draws from CUDA's streams. A CPU trial on a GPU node sees every card (Ray narrows
+        # CUDA_VISIBLE_DEVICES only for a GPU share): reading their streams would open a context on each.
+        "cuda_rng": torch.cuda.get_rng_state_all() if next(model.parameters()).is_cuda else [],
         **dataclasses.asdict(progress),  # copies of its lists: the run goes on appending to its own
     }
 
@@ -339,7 +344,7 @@ def load_training_state(state: dict, model, optimizer, scheduler, rng) -> tuple[
     scheduler.load_state_dict(state["scheduler"])
     rng.bit_generator.state = state["batch_rng"]
     torch.set_rng_state(state["torch_rng"])
-    if torch.cuda.is_available() and len(state["cuda_rng"]) == torch.cuda.device_count():
+    if state["cuda_rng"] and torch.cuda.is_available() and len(state["cuda_rng"]) == torch.cuda.device_count():
         torch.cuda.set_rng_state_all(state["cuda_rng"])
     return int(state["epoch"]), Progress.from_state(state)
 
@@ -414,6 +419,8 @@ def finetune(
     resumed_from = 0
     if resume is not None:
         resumed_from, progress = load_training_state(resume, model, optimizer, scheduler, rng)
+        if "start_weights" in resume:  # rebuilt above without the intermediate phase: not where the task started
+            start_weights = [[w.to(compute.device) for w in layer] for layer in resume["start_weights"]]
     fixed = {"epochs": cfg.epochs, "metric_name": data.metric, "model_type": pretrained.model_type, **data.columns(),
              "max_grad_norm": cfg.max_grad_norm, "eval_every": cfg.eval_every, "precision": cfg.precision,
              "cuda_graphs": False, "recipe_version": RECIPE_VERSION, "resumed_from_epoch": resumed_from}
@@ -456,7 +463,8 @@ def finetune(
             result["weight_distance"] = weight_distance(start_weights, model)
         if save is not None and epoch < cfg.epochs and status == "ok":
             save(training_state(epoch, model, optimizer, scheduler, rng,
-                                dataclasses.replace(progress, wall_seconds=wall_seconds)))
+                                dataclasses.replace(progress, wall_seconds=wall_seconds),
+                                start_weights if cfg.intermediate_task is not None else None))
         if report is not None:
             report(result)
         if status != "ok":

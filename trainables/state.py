@@ -10,6 +10,7 @@ torch.load), so a checkpoint from a shared bucket is safe to read.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 
@@ -66,11 +67,9 @@ def load_state(folder: str | os.PathLike, device: str | torch.device = "cpu") ->
 
 def _encode(value, path: str, tensors: dict):
     if isinstance(value, torch.Tensor):
-        tensors[path] = value.detach().to("cpu").contiguous()
-        return {"__tensor__": path}
+        return {"__tensor__": _stored(tensors, path, value.detach().to("cpu").contiguous())}
     if isinstance(value, np.ndarray):
-        tensors[path] = torch.from_numpy(np.ascontiguousarray(value))
-        return {"__ndarray__": path}
+        return {"__ndarray__": _stored(tensors, path, torch.from_numpy(np.ascontiguousarray(value)))}
     if isinstance(value, np.generic):
         return value.item()
     if isinstance(value, dict):
@@ -86,6 +85,18 @@ def _encode(value, path: str, tensors: dict):
         return value
     raise TypeError(f"state entry '{path or '/'}' is a {type(value).__name__}; a state holds tensors, arrays, "
                     "numbers, strings, booleans, None and dicts, lists or tuples of them")
+
+
+def _stored(tensors: dict, path: str, tensor: torch.Tensor) -> str:
+    """The name `tensor` is stored under: its path, unless an entry already took it (keys holding '/':
+    {"a/b": x} and {"a": {"b": y}} have one path), which would overwrite that entry."""
+    name = path
+    for n in itertools.count(1):
+        if name not in tensors:
+            break
+        name = f"{path}#{n}"
+    tensors[name] = tensor
+    return name
 
 
 def _decode(value, tensors: dict):

@@ -71,7 +71,11 @@ def load_state(checkpoint) -> dict | None:
     surviving checkpoint of the same trial is the one to go on from, not a fresh start. A checkpoint cut short
     (its node or the driver killed while Tune copied it to the storage: the state's marker there, its tensors
     not whole) is named on stderr and passed over for the one before it."""
+    import pyarrow.fs
+
     for candidate in [checkpoint, *reversed(sibling_checkpoints(checkpoint))]:
+        if candidate.filesystem.get_file_info(candidate.path).type == pyarrow.fs.FileType.NotFound:
+            continue  # deleted since: a bucket's copy would raise where a local folder just holds no state
         with candidate.as_directory() as folder:
             if state_files.has_state(folder):
                 try:
@@ -109,9 +113,9 @@ def replay_key(trial: dict) -> tuple:
     return trial["trial_id"], tuple(trial["finetune"].get("layer_lr_multipliers") or ())
 
 
-def earlier_checkpoint(tune_dir: str, trial_id: str):
-    """The newest checkpoint an earlier run of the sweep left for `trial_id` (`<tune_dir>/tune-*/<trial_id>/
-    checkpoint_*`), as a tune.Checkpoint; None when there is none. This is how `--resume` goes on: from the
+def earlier_checkpoints(tune_dir: str, trial_id: str) -> list:
+    """Per earlier run of the sweep, newest run first, the newest checkpoint it left for `trial_id`
+    (`<tune_dir>/tune-*/<trial_id>/checkpoint_*`), as tune.Checkpoints. This is how `--resume` goes on: from the
     store's own checkpoints, found by the trial's id, never from Tune's pickled experiment state."""
     import pyarrow.fs
     from ray import tune
@@ -122,13 +126,31 @@ def earlier_checkpoint(tune_dir: str, trial_id: str):
     else:
         fs, root = pyarrow.fs.LocalFileSystem(), os.path.abspath(tune_dir)
     runs = fs.get_file_info(pyarrow.fs.FileSelector(root, allow_not_found=True))
+    found = []
     for run in sorted((r for r in runs if r.type == pyarrow.fs.FileType.Directory and r.base_name.startswith("tune-")),
                       key=lambda r: r.base_name, reverse=True):
-        found = fs.get_file_info(pyarrow.fs.FileSelector(f"{run.path}/{trial_id}", allow_not_found=True))
-        saved = sorted((f for f in found if f.type == pyarrow.fs.FileType.Directory
+        entries = fs.get_file_info(pyarrow.fs.FileSelector(f"{run.path}/{trial_id}", allow_not_found=True))
+        saved = sorted((f for f in entries if f.type == pyarrow.fs.FileType.Directory
                         and f.base_name.startswith("checkpoint_")), key=lambda f: f.base_name)
         if saved:
-            return tune.Checkpoint(saved[-1].path, filesystem=fs)
+            found.append(tune.Checkpoint(saved[-1].path, filesystem=fs))
+    return found
+
+
+def state_to_resume(trial_id: str, resume_from: str | None, usable) -> dict | None:
+    """The training state a trial goes on from: of this run's checkpoint when Tune restarted it, else (and when
+    none of this run's can be read) under `resume_from` of the newest earlier run that left one that can and
+    that is `usable(state)`; None: a fresh start. A resumed run killed while copying its first checkpoint leaves
+    only that one, cut short, in its folder: the one before it is in the run before."""
+    from ray import tune
+
+    checkpoints = [c for c in [tune.get_checkpoint()] if c is not None]  # this run's own
+    if resume_from is not None:
+        checkpoints += earlier_checkpoints(resume_from, trial_id)
+    for checkpoint in checkpoints:
+        state = load_state(checkpoint)
+        if state is not None and usable(state):
+            return state
     return None
 
 
@@ -149,7 +171,10 @@ def trial_reporter(trial: dict, epochs: int, send):
     where = where_it_runs()
 
     def report(result: dict) -> None:
-        out = epoch_report(result, where)
+        # Tune numbers a trial's reports itself unless told: from 1 in the new experiment of a `--resume`, from
+        # the restored checkpoint's report after a retry that fell back to an older checkpoint. Either way its
+        # step (TensorBoard's, the trackers') would name another epoch than the figures are of.
+        out = {**epoch_report(result, where), "training_iteration": result["epoch"]}
         if ended(result, epochs):
             held_out = {"val_objective": result["val_metric"]} if "val_metric" in result else {}
             out = with_ended(out, [make_row(trial["row"], out, result["status"], pack_size=1, pack_id=None,
@@ -162,7 +187,7 @@ def trial_reporter(trial: dict, epochs: int, send):
 def finetune_trainable(config: dict, data: dict, pretrained: dict, checkpoint_every: float | None = None,
                        resume_from: str | None = None, landed: dict | None = None) -> None:
     """One trial. Its last report carries its row (trainables.rows). `resume_from`: the sweep's Tune folder,
-    where a resumed sweep finds the checkpoints earlier runs left (`earlier_checkpoint`). `landed`: per
+    where a resumed sweep finds the checkpoints earlier runs left (`state_to_resume`). `landed`: per
     `replay_key`, the reports of a trial whose row the sweep already holds but that a resumed search runs
     again; they are reported again, marked `replayed`, instead of training, so the searcher and the scheduler
     learn the figures they would have."""
@@ -180,10 +205,9 @@ def finetune_trainable(config: dict, data: dict, pretrained: dict, checkpoint_ev
     resources = tune.get_context().get_trial_resources().required_resources
     cfg = finetune_config(trial, gpu_fraction=resources.get("GPU", 0.0), threads=int(resources.get("CPU", 1)))
     intermediate = data[trial["intermediate_data_key"]] if trial.get("intermediate_data_key") else None
-    checkpoint = tune.get_checkpoint()  # this run's own, when Tune restarts a failed trial
-    if checkpoint is None and resume_from is not None:
-        checkpoint = earlier_checkpoint(resume_from, trial["trial_id"])
-    resume = load_state(checkpoint) if checkpoint is not None else None
+    # A pack of one is named by its trial (sweep.packs.pack_config): an earlier run with another --pack may have
+    # left the fused engine's state under this id.
+    resume = state_to_resume(trial["trial_id"], resume_from, usable=lambda state: "model" in state)
     checkpoints = EpochCheckpoints(checkpoint_every, tune.report)
     report = trial_reporter(trial, cfg.epochs, checkpoints.report)
     fail_after = int(os.environ.get(FAIL_AFTER_EPOCH, "0"))
@@ -222,7 +246,10 @@ def run_pack(pack: dict, data: dict, pretrained: dict, checkpoint_every: float |
         summary = {"epoch": epoch, "pack_size": len(members),
                    "pack_results": {m["trial_id"]: r for m, r in zip(members, latest) if r}}
         if len(members) == 1:  # reported as the trial alone would be, so TensorBoard shows its curves the same
-            summary = {**{k: v for k, v in latest[0].items() if k != "trial_id"}, **summary}
+            # (its step too: see trial_reporter). A larger pack's epochs can go back down (a split's second half,
+            # its finished members reported again on a resume), so Tune's own count stands there.
+            summary = {**{k: v for k, v in latest[0].items() if k != "trial_id"}, **summary,
+                       "training_iteration": epoch}
         to_tune(with_ended(summary, rows))
 
     save, resume, to_tune = pack_checkpoints(pack["trial_id"], members, checkpoint_every, resume_from)
@@ -238,12 +265,7 @@ def pack_checkpoints(pack_id: str, members: list[dict], checkpoint_every: float 
     from ray import tune
 
     ids = [m["trial_id"] for m in members]
-    checkpoint = tune.get_checkpoint()
-    if checkpoint is None and resume_from is not None:
-        checkpoint = earlier_checkpoint(resume_from, pack_id)
-    resume = load_state(checkpoint) if checkpoint is not None else None
-    if resume is not None and resume.get("trial_ids") != ids:
-        resume = None
+    resume = state_to_resume(pack_id, resume_from, usable=lambda state: state.get("trial_ids") == ids)
     checkpoints = EpochCheckpoints(checkpoint_every, tune.report)
     report = checkpoints.report
     fail_after = int(os.environ.get(FAIL_AFTER_EPOCH, "0"))
