@@ -754,7 +754,7 @@ def compare(args, pretrained, data, peer_model_path: str, device: str, header: d
     group = min(fits, args.group_size or fits) if gpu else 0
     grouped = args.groups * group  # --pack auto's Tune trial on this card: groups of what fits
     cfgs = trial_configs(max([args.trials, *packs, grouped]), args, layers, gpu)
-    peak, source = peak_flops(device)
+    peak, source = peak_flops(device, args.precision)
     figures = Figures(cfgs, data, pretrained, peak, args.out, header)
     print(f"peak {peak / 1e12:.3f} TFLOP/s ({source}); model FLOPs per trial {figures.flops[0]:.3g}"
           + (f"; {fits} trials fit in the free memory" if gpu else ""), flush=True)
@@ -826,7 +826,7 @@ def compare(args, pretrained, data, peer_model_path: str, device: str, header: d
         # and the end's measurements stands.
         from trainables.cost import cpu_matmul_flops
 
-        again = cpu_matmul_flops(torch.get_num_threads())
+        again = cpu_matmul_flops(torch.get_num_threads(), args.precision)
         if again > figures.peak:
             print(f"peak measured again at the end: {again / 1e12:.3f} TFLOP/s (at the start {figures.peak / 1e12:.3f}); "
                   "every MFU is against it:", flush=True)

@@ -8,8 +8,9 @@ own clock; trials are scheduled in grid order, each to the first free slot, afte
   tokenizes them (from `datasets`' cache after the first time), when the task's data is at hand (a local
   folder, the synthetic task, a task file); a hub task in a dry run (nothing is downloaded) is counted from
   typical lengths (`TYPICAL_TOKENS`), said so. A stored row of the same trial gives its FLOPs exactly.
-- Peak: the data sheets' dense bf16 peak for a GPU (`trainables.cost.GPU_PEAK_FLOPS`); for a CPU, the fp32
-  matmul peak of one trial's threads, as a trial measures it: in a dry run measured now (the rows' MFU is
+- Peak: in the precision the trials run in (`--precision`; auto: bf16 on a GPU, fp32 on a CPU, resolved for
+  the device estimated for), the data sheets' dense peak for a GPU (`trainables.cost.GPU_PEAK_FLOPS`); for a CPU,
+  the matmul peak of one trial's threads, as a trial measures it: in a dry run measured now (the rows' MFU is
   relative to the peak each measured under its own load, so rows run on a busier or quieter machine carry
   over), in `sweep status` the running sweep's rows' own.
 - MFU: the model FLOPs of the finished rows on that kind of device over their wall seconds, in all, over their
@@ -170,11 +171,14 @@ def pack_key(rows: pd.DataFrame) -> pd.Series:
     return packed.where(packed.notna(), own).astype(object)
 
 
-def rate_for(device: str, rows: pd.DataFrame | None, model: str, cpus_per_trial: float, cpus: float | None = None) -> Rate:
-    """The rate of trials of `model` on `device`: the store's rows' MFU weighed against the default's
-    (`blended_mfu`), times the data sheet's peak or this CPU's, measured now."""
-    from trainables.cost import FP32_PEAKS, GPU_PEAK_FLOPS
+def rate_for(device: str, rows: pd.DataFrame | None, model: str, cpus_per_trial: float, cpus: float | None = None,
+             precision: str = "auto") -> Rate:
+    """The rate of trials of `model` in `precision` on `device`: the store's rows' MFU weighed against the
+    default's (`blended_mfu`), times the data sheet's peak in that precision or this CPU's, measured now."""
+    from trainables.cost import GPU_PEAK_FLOPS, NO_BF16_CORES
+    from trialrows.recipe import resolve_precision
 
+    precision = resolve_precision(precision, 0.0 if device == "cpu" else 1.0)
     measured = measured_mfu(rows, device, model)
     threads = max(1, int(cpus_per_trial or 1))
     if device == "cpu":
@@ -182,14 +186,18 @@ def rate_for(device: str, rows: pd.DataFrame | None, model: str, cpus_per_trial:
         # A trial runs at least one thread: given less than a core, it shares that core with the slots beside it.
         held = min(float(cpus_per_trial or 1), threads)
         slots, share = max(1, int(cpus // max(cpus_per_trial or 1, 1e-9))), held
-        peak = cpu_peak(threads) * held / threads
-        where = f"{flops_per_second(peak)} fp32 matmul peak of {threads} thread{'s' * (threads > 1)}, measured here now"
+        peak = cpu_peak(threads, precision) * held / threads
+        where = (f"{flops_per_second(peak)} {precision} matmul peak of {threads} thread{'s' * (threads > 1)}, "
+                 "measured here now")
         if held < threads:
             where += f", shared by {threads / held:g} trials"
     else:
         key = next(k for k in GPU_PEAK_FLOPS if k.lower() == device)
-        slots, share, peak = 1, 1.0, GPU_PEAK_FLOPS[key]
-        where = f"{flops_per_second(peak)}, {key}'s data-sheet dense {'fp32' if key in FP32_PEAKS else 'bf16'} peak"
+        slots, share, peak = 1, 1.0, GPU_PEAK_FLOPS[key][precision]
+        emulated = precision == "bf16" and key in NO_BF16_CORES
+        where = f"{flops_per_second(peak)}, {key}'s data-sheet dense {'fp32' if emulated else precision} peak"
+        if emulated:
+            where += " (no bf16 tensor cores: bf16 runs at fp32's rate)"
     default = DEFAULT_MFU["cpu" if device == "cpu" else "gpu"]
     if measured:
         mfu = blended_mfu(measured[0], measured[2], default)
@@ -211,11 +219,11 @@ def blended_mfu(measured: float, rows: int, default: float, prior_rows: int = PR
     return (rows * measured + prior_rows * default) / (rows + prior_rows)
 
 
-@functools.lru_cache(maxsize=None)
-def cpu_peak(threads: int) -> float:
-    from trainables.cost import cpu_matmul_flops
+def cpu_peak(threads: int, precision: str = "fp32") -> float:
+    """This CPU's matmul peak on `threads` threads in `precision`, measured once (as a trial measures its own)."""
+    from trainables.cost import cpu_peak
 
-    return cpu_matmul_flops(threads)
+    return cpu_peak(threads, precision)
 
 
 # --- FLOPs per trial ----------------------------------------------------------------------------------------
@@ -401,8 +409,15 @@ def dry_run_estimate(specs, settings, args, num_layers: int, folder, raw=None, s
     if stored is None:  # the sweep's folder lies under the location: no row there (or a bucket that does not
         stored = stored_rows(folder) if len(everything) else everything  # answer), none in it: asked once
     flops, note = spec_flops(specs, settings, num_layers, stored, raw)
-    rate = rate_for(chosen_device(args), everything, settings.model, args.cpus_per_trial)
+    rate = rate_for(chosen_device(args), everything, settings.model, args.cpus_per_trial,
+                    precision=trial_precision(settings, args))
     return flops, rate, note
+
+
+def trial_precision(settings, args) -> str:
+    """The precision the sweep's trials run in: the one it was given, else auto. The sweep resolved auto for
+    the devices its own trials get (--gpus-per-trial), which need not be the device estimated for."""
+    return settings.precision if "precision" in getattr(args, "given", ()) else "auto"
 
 
 def estimate_text(specs, settings, args, num_layers: int, folder, raw=None) -> str:

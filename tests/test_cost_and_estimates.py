@@ -43,11 +43,7 @@ def test_a_training_steps_flops_agree_with_torchs_count_for_a_model_that_shares_
     ("NVIDIA L40", 181e12, None), ("NVIDIA L40S", 362e12, "l40s"), ("NVIDIA L4", 121e12, "l4")])
 def test_each_card_is_measured_against_its_own_peak(monkeypatch, name, peak, kind):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
-    peak_flops.cache_clear()
-    try:
-        assert peak_flops("cuda:0")[0] == pytest.approx(peak, rel=0.1)
-    finally:
-        peak_flops.cache_clear()
+    assert peak_flops("cuda:0", "bf16")[0] == pytest.approx(peak, rel=0.1)
     assert estimate.device_kind(name) == kind  # an L40's rows are not an L4's
     if kind is not None:
         source = estimate.rate_for(kind, None, "m", cpus_per_trial=1).source
@@ -133,3 +129,98 @@ def test_a_dry_run_of_a_sweep_half_done_prices_the_rest(tiny_bert, tmp_path, mon
     assert sweep.cli.main([*argv, "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "total (2 of 4 already done): 2 trials" in out, out
+
+
+# --- the peak of the precision a trial ran in -------------------------------------------------------------------
+
+CPU_PEAKS = {"fp32": 150e9, "bf16": 50e9}  # measured stand-ins: told apart, and no matmul timed in a test
+
+
+@pytest.fixture
+def cpu_peaks(monkeypatch):
+    """Each precision's CPU matmul peak as CPU_PEAKS says, with every cached peak forgotten before and after (a
+    stand-in's figure must not outlive its test)."""
+    from trainables import cost
+
+    def forget():
+        for module in (cost, estimate):
+            for function in vars(module).values():
+                if hasattr(function, "cache_clear"):
+                    function.cache_clear()
+
+    monkeypatch.setattr(cost, "_measured_cpu_matmul_flops", lambda precision="fp32", **_: CPU_PEAKS[precision])
+    forget()
+    yield CPU_PEAKS
+    monkeypatch.undo()
+    forget()
+
+
+@pytest.mark.parametrize("name, precision, peak", [
+    (H100, "bf16", 989e12), (H100, "fp32", 67e12),  # torch leaves TF32 off: fp32's non-tensor-core peak
+    ("NVIDIA A100-SXM4-80GB", "fp32", 19.5e12), ("Tesla V100-SXM2-16GB", "bf16", 15.7e12)])  # no bf16 cores
+def test_a_rows_mfu_is_taken_against_the_peak_of_its_precision_on_a_gpu(monkeypatch, cpu_peaks, name, precision,
+                                                                         peak):
+    from trainables.cost import cost_fields
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    row = cost_fields(1e15, 10.0, torch.device("cuda:0"), precision)
+    assert row["peak_flops"] == pytest.approx(peak) and row["mfu"] == pytest.approx(1e14 / peak)
+    assert row["device"] == name
+
+
+def test_a_cpu_rows_peak_is_a_matmul_measured_in_its_precision(cpu_peaks):
+    from trainables.cost import cost_fields
+
+    for precision, peak in cpu_peaks.items():
+        row = cost_fields(1e12, 10.0, torch.device("cpu"), precision)
+        assert row["peak_flops"] == peak and row["mfu"] == pytest.approx(1e11 / peak), precision
+
+
+def test_the_cpu_matmul_peak_is_measured_in_each_precision():
+    from trainables.cost import cpu_matmul_flops
+
+    # a real measurement, each in its own dtype (cheap: nine 512x512 products each)
+    assert cpu_matmul_flops(1, "fp32") > 0 and cpu_matmul_flops(1, "bf16") > 0
+
+
+def test_an_unfused_cpu_trial_in_bf16_is_measured_against_a_bf16_peak(cpu_peaks, pretrained, synthetic):
+    from trainables.finetune import FinetuneConfig, finetune
+
+    cfg = FinetuneConfig(task="synthetic", train_size=16, subset_seed=0, seed=0, epochs=1, precision="bf16")
+    row = finetune(cfg, synthetic, pretrained)
+    assert row["precision"] == "bf16" and row["peak_flops"] == cpu_peaks["bf16"]  # was fp32's
+    assert row["mfu"] == pytest.approx(row["model_flops"] / (row["train_seconds"] + row["eval_seconds"]) / 50e9)
+
+
+def test_a_fused_packs_rows_carry_the_peak_of_their_precision(cpu_peaks, pretrained, synthetic):
+    from trainables.finetune import FinetuneConfig
+    from trainables.fused import finetune_pack
+
+    cfgs = [FinetuneConfig(task="synthetic", train_size=16, subset_seed=0, seed=s, epochs=1, precision="bf16")
+            for s in (0, 1)]
+    rows = finetune_pack(cfgs, synthetic, pretrained)
+    assert [r["peak_flops"] for r in rows] == [cpu_peaks["bf16"]] * 2
+
+
+def test_a_probe_in_bf16_is_measured_against_a_bf16_peak(cpu_peaks, pretrained, synthetic):
+    from trainables.probing import ProbeConfig, probe_subset
+
+    cfg = ProbeConfig(task="synthetic", train_size=20, subset_seed=0, seed=0, max_epochs=1, precision="bf16")
+    (row,) = probe_subset(cfg, synthetic, pretrained, [("mean-pool", 1)])
+    assert row["peak_flops"] == cpu_peaks["bf16"]
+
+
+@pytest.mark.parametrize("flags, peak", [
+    (["--precision", "fp32", "--estimate-for", "h100"], "67 TFLOP/s, H100's data-sheet dense fp32 peak"),
+    (["--estimate-for", "h100"], "989 TFLOP/s, H100's data-sheet dense bf16 peak"),  # auto: bf16 on a GPU
+    (["--precision", "bf16", "--estimate-for", "a100"], "312 TFLOP/s, A100's data-sheet dense bf16 peak"),
+    (["--precision", "bf16"], "50 GFLOP/s bf16 matmul peak of 1 thread"),
+    ([], "150 GFLOP/s fp32 matmul peak of 1 thread")])  # auto: fp32 on a CPU
+def test_a_dry_run_prices_trials_at_the_peak_of_their_precision(cpu_peaks, tiny_bert, tmp_path, capsys, flags, peak):
+    import sweep.cli
+
+    argv = ["incremental", "--model", tiny_bert, "--tasks", "synthetic", "--sizes", "16", "--k", "0", "--trials", "1",
+            "--epochs", "1", "--storage", str(tmp_path), "--dry-run", *flags]
+    assert sweep.cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert f"cost on {flags[-1] if '--estimate-for' in flags else 'cpu'}: {peak}" in out, out

@@ -307,12 +307,14 @@ class Progress:
                    list(state.get("dev_epochs", range(1, len(by_epoch) + 1))),  # older states: every epoch
                    list(state["val_by_epoch"]), state.get("phase_one", {}))
 
-    def figures(self, wall_seconds: float, device: torch.device) -> dict:
-        """The columns of a row that this record holds, `wall_seconds` the run's in all."""
+    def figures(self, wall_seconds: float, device: torch.device, precision: str) -> dict:
+        """The columns of a row that this record holds, `wall_seconds` the run's in all, its MFU against the
+        peak of `precision`."""
         return {"dev_metrics_by_epoch": list(self.by_epoch), "dev_epochs": list(self.dev_epochs),
                 "clipped_steps": self.clipped_steps, "train_seconds": self.train_seconds,
                 "eval_seconds": self.eval_seconds, "wall_seconds": wall_seconds,
-                **cost_fields(self.flops, self.train_seconds + self.eval_seconds, device), **self.phase_one}
+                **cost_fields(self.flops, self.train_seconds + self.eval_seconds, device, precision),
+                **self.phase_one}
 
 
 def training_state(epoch: int, model, optimizer, scheduler, rng, progress: Progress,
@@ -414,7 +416,8 @@ def finetune(
     rows, held, held_split = training_split(cfg, data)
     rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 1]))  # batch order, independent of the subset
     optimizer, scheduler = make_optimizer(model, cfg, rows)
-    peak_flops(str(compute.device))  # a CPU peak is measured now (then cached), outside every timed stretch
+    # a CPU peak is measured now (then cached), outside every timed stretch
+    peak_flops(str(compute.device), compute.precision)
     torch.manual_seed(cfg.seed)  # dropout draws from the global stream: start it at the same place every run
     resumed_from = 0
     if resume is not None:
@@ -453,7 +456,8 @@ def finetune(
 
         wall_seconds = progress.wall_seconds + time.perf_counter() - started
         result = {**fixed, "status": status, "epoch": epoch, "epochs_run": epoch, "train_loss": stats.loss,
-                  "lr_last": float(scheduler.get_last_lr()[0]), **progress.figures(wall_seconds, compute.device),
+                  "lr_last": float(scheduler.get_last_lr()[0]),
+                  **progress.figures(wall_seconds, compute.device, compute.precision),
                   **({"dev_metric": progress.by_epoch[-1]} if metrics else {}),
                   **{f"dev_{name}": float(value) for name, value in metrics.items()}}
         if held_split is not None:

@@ -1995,7 +1995,7 @@ class Trainer:
             peak = pack.peak_memory(data.validation)
             print(f"fused pack of {len(pack)}: peak {peak / 2**30:.1f} GiB, "
                   f"{peak / len(pack) / parameter_count(self.pretrained):.1f} bytes a parameter a trial", flush=True)
-        peak_flops(str(pack.compute.device))  # measured (CPU) outside every timed stretch
+        peak_flops(str(pack.compute.device), pack.compute.precision)  # measured (CPU) outside every timed stretch
         eval_flops = pack.compute.flops(data.validation.lengths, train=False)
         P, position = len(pack), run.position
         # the next epoch's orders, the streams' states after drawing them, and its batches on the device
@@ -2093,7 +2093,8 @@ class Trainer:
             "train_seconds": ledger.train_seconds,
             "eval_seconds": ledger.eval_seconds,
             "wall_seconds": ledger.wall_seconds + time.perf_counter() - self.started,
-            **cost_fields(ledger.flops, ledger.train_seconds + ledger.eval_seconds, pack.compute.device),
+            **cost_fields(ledger.flops, ledger.train_seconds + ledger.eval_seconds, pack.compute.device,
+                          pack.compute.precision),
             "resumed_from_epoch": run.resumed_from,
             "pack_size": len(self.cfgs),
             "pack_id": self.pack_id,

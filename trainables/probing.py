@@ -287,7 +287,7 @@ def probe_subset(
     feature_flops = sequence_flops(encoded, non_embedding_params(encoder), num_layers, hidden, train=False)
     # Each row carries an equal share of the set-up (model build, encoder passes), so rows sum to the total.
     shared_seconds = (time.perf_counter() - started) / len(todo)
-    peak_flops(str(device))  # a CPU peak is measured now (then cached), outside every timed stretch
+    peak_flops(str(device), cfg.precision)  # a CPU peak is measured now (then cached), outside every timed stretch
 
     results = []
     for probe, layer in todo:
@@ -335,7 +335,7 @@ def probe_subset(
             "feature_flops": feature_flops,
             "group_rows": len(todo),
             "wall_seconds": wall,
-            **cost_fields(flops, wall, device),
+            **cost_fields(flops, wall, device, cfg.precision),
         }
         results.append(result)
         if report is not None:
