@@ -2,6 +2,9 @@
 --out DIR` writes every table and figure the rows support, with an index page."""
 import argparse
 import sys
+from pathlib import Path
+
+import pandas as pd
 
 from analysis.results import prepare, read_results
 from analysis.stats import condition_table
@@ -9,14 +12,29 @@ from analysis.tables import mixed_lines
 from trialrows.precision import precision_table, targeted
 
 
+def rows_under(path):
+    """The rows under `path`, or None (said on stderr) where there is no store to read: one line, no traceback."""
+    try:
+        return read_results(path)
+    except FileNotFoundError as err:
+        print(f"{err}: give a storage folder, one sweep's folder or one Parquet file", file=sys.stderr)
+        return None
+
+
 def summary(args) -> int:
-    rows = prepare(read_results(args.results))
+    raw = rows_under(args.results)
+    if raw is None:
+        return 1
+    rows = prepare(raw)
     if rows.empty:
         print(f"no trial rows under {args.results}", file=sys.stderr)
         return 1
     table = condition_table(rows)
     stats_columns = {"n", "diverged", "failed", "mean", "std", "ci95_low", "ci95_high", "note"}
-    for experiment, part in table.groupby("experiment", sort=True) if "experiment" in table.columns else [("", table)]:
+    # dropna=False: rows that name no experiment (another tool's Parquet file) are printed, not skipped.
+    parts = table.groupby("experiment", sort=True, dropna=False) if "experiment" in table.columns else [("", table)]
+    for experiment, part in parts:
+        experiment = "" if pd.isna(experiment) else experiment
         # Each experiment with its own condition columns: one it leaves empty, or sets to one value while
         # another experiment varies it, would only widen the print.
         unused = [c for c in part.columns if c not in stats_columns and c not in ("task", "metric_name")
@@ -29,11 +47,14 @@ def summary(args) -> int:
     if targeted(rows):
         print("\nprecision targets (Stein's two-stage procedure):")
         print(precision_table(rows).to_string(index=False, na_rep="-", float_format=lambda x: f"{x:.4f}"))
-    left = rows["status"].ne("ok").sum()
+    # As the table counts them (trialrows.summaries.summarize): a finished trial without a value is failed.
+    usable = rows["status"].eq("ok") & rows["dev_metric"].notna()
+    left = int((~usable).sum())
     if left:
-        counts = rows["status"].value_counts()
-        diverged = counts.get("diverged", 0)
-        print(f"\nleft out of the means: {diverged} diverged, {left - diverged} failed")
+        diverged = int(rows["status"].eq("diverged").sum())
+        valueless = int((rows["status"].eq("ok") & ~usable).sum())
+        print(f"\nleft out of the means: {diverged} diverged, {left - diverged} failed"
+              + (f" ({valueless} of them finished without a dev metric)" if valueless else ""))
     if args.csv:
         table.to_csv(args.csv, index=False)
     return 0
@@ -42,9 +63,14 @@ def summary(args) -> int:
 def report(args) -> int:
     from analysis.report import build_report
 
-    raw = read_results(args.results)
+    raw = rows_under(args.results)
+    if raw is None:
+        return 1
     if raw.empty:
         print(f"no trial rows under {args.results}", file=sys.stderr)
+        return 1
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        print(f"--out: {args.out} is a file; give a folder for the report (made if missing)", file=sys.stderr)
         return 1
     made = build_report(args.results, args.out, latex=args.latex, formats=args.formats, raw=raw)
     print(f"{len(made.tables)} tables and {len(made.figures)} figures in {made.folder}; open "

@@ -717,8 +717,9 @@ def experiment_figure(rows: pd.DataFrame, experiment: str) -> list[Plot]:
     all a registered experiment (trialrows.experiments) with a `title` needs for its figure."""
     view = T.VIEWS[experiment]
     summary = _drawable(T.experiment_table(rows, experiment))
-    if view.reset_column and view.reset_column in summary.columns:  # the baseline is a reference line
-        summary = summary[summary[view.reset_column].notna()]
+    if view.reset_column:  # the baseline is a reference line; a column the table leaves out is null: all baseline
+        reset = view.reset_column
+        summary = summary[summary[reset].notna()] if reset in summary.columns else summary.iloc[:0]
     if summary.empty:
         return []
     plots, cache = [], {}

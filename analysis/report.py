@@ -150,7 +150,8 @@ def build_report(results, out, *, latex: bool = False, formats=("png", "pdf"), c
     raw = read_results(results) if raw is None else raw  # the store is read once, for every table and figure
     rows = prepare(raw)
     command = command or " ".join(["python -m analysis report", shlex.quote(str(results)), "--out",
-                                   shlex.quote(str(out))] + (["--latex"] if latex else []))
+                                   shlex.quote(str(out))] + (["--latex"] if latex else [])
+                                  + (["--formats", *formats] if list(formats) != ["png", "pdf"] else []))
     load = f"analysis.load({str(results)!r})"
     items = []
     for spec in TABLES:
@@ -169,7 +170,11 @@ def build_report(results, out, *, latex: bool = False, formats=("png", "pdf"), c
         api = _api(spec.function, load)
         items.append(Item("table", spec.name, spec.title, files, api,
                           spec.note, readable, len(table)))
+    taken: set[str] = set()
     for plot in [*F.all_figures(rows), *F.probing_figure(rows)]:  # probing beside finetuning, when probed
+        # A file stem keeps only the end of a model's name (figures.slug): `org/bert` and `/models/bert` would
+        # write one file, the second figure over the first, shown twice.
+        plot.name = _unique(plot.name, taken)
         files = []
         for ext in formats:
             path = out / "figures" / f"{plot.name}.{ext}"
@@ -182,6 +187,21 @@ def build_report(results, out, *, latex: bool = False, formats=("png", "pdf"), c
     (out / "index.md").write_text(index_markdown(report))
     (out / "index.html").write_text(index_html(report))
     return report
+
+
+def _shown_image(files: list[str]) -> str | None:
+    """The figure file a page shows: the PNG, else the SVG (`--formats svg`); a PDF cannot be an image."""
+    return next((f for ext in (".png", ".svg") for f in files if f.endswith(ext)), None)
+
+
+def _unique(name: str, taken: set[str]) -> str:
+    """`name`, or `name-2`, `name-3`, ... where it is taken; the one returned is taken from then on."""
+    stem, i = name, 1
+    while stem in taken:
+        i += 1
+        stem = f"{name}-{i}"
+    taken.add(stem)
+    return stem
 
 
 def _api(function, load: str) -> str:
@@ -217,8 +237,10 @@ def _header(results, raw: pd.DataFrame, rows: pd.DataFrame) -> list[str]:
         lines.append(f"{repeated} rows repeated a trial_id already read (the same trial in two folders, or "
                      "run again after it failed) and were counted once.")
     if "experiment" in rows.columns and len(rows):
-        counts = rows["experiment"].value_counts().sort_index()
-        lines.append("Experiments: " + ", ".join(f"{e} ({n})" for e, n in counts.items()) + ".")
+        # dropna=False: rows naming no experiment (another tool's file) are in the tables, so they are counted here.
+        counts = rows["experiment"].value_counts(dropna=False).sort_index(na_position="last")
+        lines.append("Experiments: " + ", ".join(f"{'(none named)' if pd.isna(e) else e} ({n})"
+                                                 for e, n in counts.items()) + ".")
     lines += T.mixed_lines(rows)
     lines.append("Intervals: 95% t-intervals with n-1 degrees of freedom (scipy.stats.t); ±2 std where the paper "
                  "used it (Figures 4, 6, 7, 8). A condition with one finished trial has a mean and no interval.")
@@ -239,9 +261,9 @@ def index_markdown(report: Report) -> str:
     for item in report.items:
         parts.append(f'\n<a id="{item.kind}-{item.name}"></a>\n\n## {item.title}\n')
         if item.kind == "figure":
-            png = next((f for f in item.files if f.endswith(".png")), None)
-            if png:
-                parts.append(f"![{item.name}]({png})\n")
+            image = _shown_image(item.files)
+            if image:
+                parts.append(f"![{item.name}]({image})\n")
             parts.append(f"{item.caption}\n")
         else:
             if item.caption:
@@ -273,9 +295,9 @@ def index_html(report: Report) -> str:
     for item in report.items:
         body.append(f'<section id="{item.kind}-{item.name}"><h2>{e(item.title)}</h2>')
         if item.kind == "figure":
-            png = next((f for f in item.files if f.endswith(".png")), None)
-            if png:
-                body.append(f'<img src="{e(png)}" alt="{e(item.name)}">')
+            image = _shown_image(item.files)
+            if image:
+                body.append(f'<img src="{e(image)}" alt="{e(item.name)}">')
             body.append(f"<p>{e(item.caption)}</p>")
         else:
             if item.caption:

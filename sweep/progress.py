@@ -44,7 +44,7 @@ class ProgressView(Callback):
 
     def setup(self, **info):
         self.started = self.clock()
-        self.fraction: dict[str, float] = {}  # trial_id -> share of its work done (1 once it ended)
+        self.fraction: dict[str, float] = {}  # trial_id -> share of its work trained, as its reports say
         self.first_fraction: dict[str, float] = {}  # the share done before this run (a resumed trial's epochs)
         self.epochs: dict[str, int] = {}  # trial_id -> epochs done, of a running trial
         self.ended: dict[str, str] = {}  # trial_id -> its row's status, or "unwritten" (see `end`)
@@ -64,7 +64,10 @@ class ProgressView(Callback):
             if epoch and epochs:
                 self.first_fraction.setdefault(trial_id, report.get("resumed_from_epoch", 0) / epochs)
                 self.fraction[trial_id] = epoch / epochs
-                self.epochs[trial_id] = epoch
+                # Not shown as running once ended: its last report reaches this view after its row, and a pack
+                # repeats a diverged member's last report at every epoch after.
+                if trial_id not in self.ended:
+                    self.epochs[trial_id] = epoch
         self.show()
 
     # How each trial ended comes from the row writer (sweep.runner.RowWriter calls `end`): the rows it lands,
@@ -89,8 +92,10 @@ class ProgressView(Callback):
             return  # an error row after a final one is never written; counted once either way
         self.ended[trial_id] = status
         self.epochs.pop(trial_id, None)
-        self.first_fraction.setdefault(trial_id, 0.0)
-        self.fraction[trial_id] = 1.0
+        # An ok trial ran every epoch; the report that says so (and, for a trial resumed at its last epoch, where
+        # it resumed from: `first_fraction`) reaches this view after its row.
+        if status == "ok":
+            self.fraction[trial_id] = 1.0
         shown = f" dev_metric={metric:.4f}" if isinstance(metric, float) and math.isfinite(metric) else ""
         self.show(ended=f"{trial_id} {status}{shown}")
 
@@ -100,11 +105,15 @@ class ProgressView(Callback):
                 for m in members(t) if m["trial_id"] not in self.ended]
 
     def eta(self) -> float | None:
-        """Seconds left at this run's pace: work left over work done per second; None before any epoch."""
+        """Seconds left at this run's pace: work left over work done per second; None before any epoch. The pace
+        counts the epochs trials reported (a trial that failed before its first trained nothing, one that
+        diverged at its second of five trained two); an ended trial leaves no work."""
+        left = sum(w * (1 - self.fraction.get(t, 0.0)) for t, w in self.work.items() if t not in self.ended)
         done = sum(self.work.get(t, 0) * (f - self.first_fraction.get(t, 0.0)) for t, f in self.fraction.items())
+        if left <= 0:
+            return 0.0  # every trial ended, those that failed before their first epoch too
         if done <= 0:
             return None
-        left = sum(w * (1 - self.fraction.get(t, 0.0)) for t, w in self.work.items())
         return left * (self.clock() - self.started) / done
 
     def line(self) -> str:
