@@ -888,10 +888,15 @@ def run(todo: list[TrialSpec], settings: GridSettings, options: Sweep, folder: P
 def report(folder: Path, grid_ids: set[str], table=None):
     """Counts the rows of `grid_ids` and prints `table` of them (default: the per-condition summary); returns
     (the rows, the exit code)."""
+    import pandas as pd
+
     from trialrows.read import read_results
     from trialrows.summaries import condition_table
 
-    rows = read_results(folder)
+    try:
+        rows = read_results(folder)
+    except FileNotFoundError:  # not one row could be written (said as each failed): the count says so
+        rows = pd.DataFrame(columns=["trial_id", "status"])
     rows = rows[rows["trial_id"].isin(grid_ids)] if len(rows) else rows
     statuses = rows["status"].value_counts().to_dict() if len(rows) else {}
     print(f"\nresults: {folder} ({len(rows)} of {len(grid_ids)} trials; {statuses})")

@@ -196,3 +196,11 @@ def test_a_trial_whose_row_another_writer_landed_first_counts_as_ended(tmp_path)
     writer.on_trial_result(0, [], Trial({"trial_id": "t", "row": {"trial_id": "t"}}), ended)
     assert writer.written == [] and progress.ended == {"t": "ok"}
     assert read_results(folder).loc[0, "dev_metric"] == 0.5, "the row that landed first stands"
+
+
+def test_a_sweep_that_could_write_no_row_ends_with_its_count_not_a_traceback(tmp_path, capsys):
+    from sweep.cli import report
+
+    rows, code = report(tmp_path / "never-made" / "rows", {"a", "b"})
+    assert code == 1 and rows.empty
+    assert "(0 of 2 trials" in capsys.readouterr().out
