@@ -253,3 +253,59 @@ def placement_problems(cpus_per_trial: float, gpus_per_trial: float, shapes: lis
 def describe_shape(shape: dict) -> str:
     memory = "" if shape["memory"] is None else f", {shape['memory'] / 2**30:.1f} GiB"
     return f"{shape['CPU']:g} CPU, {shape['GPU']:g} GPU{memory}"
+
+
+def unshared_storage_problems(tune_dir) -> list[str]:
+    """Whether the other nodes of the Ray cluster that can run trials see a local storage folder, found by a
+    probe file made here and looked for there. Trials write their checkpoints to it from their own node, and Ray
+    fails a trial whose node does not see the folder the driver made: a trial that trained to a checkpoint is lost
+    (its row with it, when that was its last epoch), on every retry. A bucket's URI is seen from everywhere; a
+    node that does not answer in time is given the benefit of the doubt."""
+    if "://" in str(tune_dir):
+        return []
+    import ray
+
+    here = ray.get_runtime_context().get_node_id()
+    others = {n["NodeID"]: n.get("NodeManagerAddress", n["NodeID"]) for n in ray.nodes()
+              if n.get("Alive") and n["NodeID"] != here
+              and any((n.get("Resources") or {}).get(r, 0) > 0 for r in ("CPU", "GPU"))}
+    if not others:
+        return []
+    folder = Path(tune_dir).expanduser().absolute()
+    folder.mkdir(parents=True, exist_ok=True)
+    marker = folder / f".reinit-sweep-shared-probe-{uuid.uuid4().hex}"
+    marker.write_bytes(b"")
+    try:
+        seen = nodes_seeing(str(marker), list(others))
+    finally:
+        marker.unlink(missing_ok=True)
+    blind = sorted(others[node] for node, sees in seen.items() if sees is False)
+    if not blind:
+        return []
+    return [f"--storage: {folder} is a folder of this machine that {len(blind)} of the Ray cluster's other nodes "
+            f"({', '.join(blind)}) do not see, and trials there write their checkpoints to it, which Ray refuses "
+            "(the trial fails, a finished one's row with it); give a bucket (s3://bucket/prefix, gs://bucket/prefix) "
+            "or a folder every node mounts at the same path (NFS)"]
+
+
+def nodes_seeing(path: str, node_ids: list[str], timeout: float = 60.0) -> dict[str, bool | None]:
+    """Per node, whether `path` exists there (None: no answer within `timeout`, or the node went away)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    @ray.remote(num_cpus=0)  # on a node whose cores trials hold, too
+    def exists(where: str) -> bool:
+        return os.path.exists(where)
+
+    asked = {node: exists.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(path)
+             for node in node_ids}
+    ready, late = ray.wait(list(asked.values()), num_returns=len(asked), timeout=timeout)
+    for ref in late:
+        ray.cancel(ref, force=True)
+    answers: dict[str, bool | None] = {}
+    for node, ref in asked.items():
+        try:
+            answers[node] = bool(ray.get(ref)) if ref in ready else None
+        except Exception:  # noqa: BLE001 (the node died meanwhile: it runs no trial to lose)
+            answers[node] = None
+    return answers

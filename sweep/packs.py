@@ -59,7 +59,8 @@ def gpu_memory(gpus_per_trial: float) -> int:
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    @ray.remote(num_gpus=min(gpus_per_trial, 1.0))
+    # No CPU: each GPU node is asked, and one that declares none (kept free of trials) would never run the question.
+    @ray.remote(num_cpus=0, num_gpus=min(gpus_per_trial, 1.0))
     def free_memory() -> int:
         import torch
 
@@ -158,3 +159,36 @@ def pack_resources(cpus_per_trial: float, gpus_per_trial: float, nodes: list[dic
         return tune.PlacementGroupFactory([{"CPU": min(cpus_per_trial * n, largest["CPU"]), "GPU": gpus}])
 
     return resources
+
+
+def pack_memory_problems(units: list[dict], cpus_per_trial: float, nodes: list[dict], parameters: int,
+                         bootstrap: str | None = None) -> list[str]:
+    """Whether the largest pack of CPU trials fits in the memory of a node that can hold its bundle. On a CPU a
+    pack trains all its members at once (trainables.fused sizes groups by a GPU's memory only), so it holds each
+    member's weights, gradients and Adam moments on the one node Ray puts it on; pack_resources checked one
+    trial's. A pack too large for any node is killed for its memory, and again on every retry."""
+    from sweep.checks import BOOTSTRAP_CONFIG, describe_shape, holds, node_shapes
+    from trainables.fused import PEAK_BYTES_PER_PARAMETER
+
+    largest = max((len(members(u)) for u in units if "pack" in u), default=1)
+    if largest <= 1 or not parameters:
+        return []
+    per_trial = PEAK_BYTES_PER_PARAMETER * parameters
+    shapes = node_shapes(nodes, bootstrap or BOOTSTRAP_CONFIG)
+    most_cpus = max((s["CPU"] for s in shapes if holds(s, cpus_per_trial, 0.0, per_trial)), default=None)
+    if most_cpus is None:  # no node holds one trial: pack_resources said so
+        return []
+
+    def fits(size: int) -> bool:  # the bundle of pack_resources, and the memory of its members
+        return any(holds(s, min(cpus_per_trial * size, most_cpus), 0.0, size * per_trial) for s in shapes)
+
+    if fits(largest):
+        return []
+    able = [s for s in shapes if holds(s, min(cpus_per_trial * largest, most_cpus), 0.0)]
+    most = max(s["memory"] for s in able)
+    smaller = next(size for size in range(largest - 1, 0, -1) if fits(size))
+    return [f"--pack: {largest} trials a pack on CPUs need {largest * per_trial / 2**30:.1f} GiB of memory on one node "
+            f"({per_trial / 2**30:.2f} GiB each: weights, gradients, Adam moments and the reference copy), but a node "
+            f"of this Ray cluster that holds its {min(cpus_per_trial * largest, most_cpus):g} CPUs gives tasks at most "
+            f"{most / 2**30:.1f} GiB (nodes: {'; '.join(describe_shape(s) for s in shapes)}); give --pack {smaller} "
+            "or less, or nodes with more memory"]

@@ -9,9 +9,10 @@ from pathlib import Path
 
 from ray.tune import Callback
 
+from sweep.checks import unshared_storage_problems
 from sweep.config import Refused, RunSettings
 from sweep.grid import TrialSpec
-from sweep.packs import group_into_packs, pack_resources, resolve_pack
+from sweep.packs import group_into_packs, pack_memory_problems, pack_resources, resolve_pack
 from sweep.store import write_row
 from trainables.rows import ended_rows, make_row
 
@@ -25,6 +26,7 @@ def make_tuner(trainable, *, name: str, storage_path, callbacks: list, max_failu
     rows landed by `callbacks`; `tune_options` add to the TuneConfig (a search's algorithm and scheduler)."""
     from ray import tune
 
+    refuse_unplaceable(trainable)
     return tune.Tuner(
         trainable,
         param_space=param_space,
@@ -43,6 +45,24 @@ def make_tuner(trainable, *, name: str, storage_path, callbacks: list, max_failu
             verbose=verbose,
         ),
     )
+
+
+def refuse_unplaceable(trainable) -> None:
+    """Refuse a trainable whose fixed resources (probing's, a search's) no node of the cluster can hold: Tune
+    would keep its trials pending forever, only warning that the cluster may be autoscaling. Resources made
+    per config (a sweep's packs) were checked where they were made (sweep.packs.pack_resources)."""
+    import ray
+    from ray.tune.execution.placement_groups import PlacementGroupFactory
+
+    from sweep.checks import node_shapes, placement_problems
+
+    resources = getattr(trainable, "_resources", None)  # where tune.with_resources keeps them
+    if not isinstance(resources, PlacementGroupFactory) or not ray.is_initialized():
+        return
+    asked = resources.required_resources
+    problems = placement_problems(asked.get("CPU", 0.0), asked.get("GPU", 0.0), node_shapes(ray.nodes()))
+    if problems:
+        raise Refused(problems)
 
 
 def experiment_name() -> str:
@@ -191,13 +211,21 @@ def run_trials(
         options = RunSettings()
     checkpoint_every, keep_checkpoints = options.checkpoint_every, options.keep_checkpoints
     max_failures, resume = options.max_failures, options.resume
-    resources = pack_resources(cpus_per_trial, gpus_per_trial, ray.nodes(), max(map(parameter_count, pretrained.values())))
+    problems = unshared_storage_problems(tune_dir)
+    if problems:
+        raise Refused(problems)
+    parameters = max(map(parameter_count, pretrained.values()))
+    resources = pack_resources(cpus_per_trial, gpus_per_trial, ray.nodes(), parameters)
     trainable = make_trainable(data, pretrained, resources, checkpoint_every, str(tune_dir) if resume else None)
     if resume:
         print(f"--resume: each unfinished trial goes on from the newest checkpoint an earlier run left for it under "
               f"{tune_dir}", flush=True)
-    size, fuse_alone = resolve_pack(options.pack, gpus_per_trial, max(map(parameter_count, pretrained.values())))
+    size, fuse_alone = resolve_pack(options.pack, gpus_per_trial, parameters)
     units = group_into_packs([spec.to_config() for spec in specs], size, pretrained, fuse_alone)
+    if not gpus_per_trial:  # on a GPU, a pack sizes its groups by the card's memory
+        problems = pack_memory_problems(units, cpus_per_trial, ray.nodes(), parameters)
+        if problems:
+            raise Refused(problems)
     if size > 1 or fuse_alone:
         fused = sum("pack" in unit for unit in units)
         print(f"--pack {options.pack}: up to {size} trial{'s' * (size > 1)} a fused pack; {len(specs)} "
