@@ -238,10 +238,12 @@ def cell_problems(sweep: Sweep) -> list[str]:
 
 def ignored_problems(sweep: Sweep) -> list[str]:
     """Settings given that the experiment's trials never read (Experiment.ignores)."""
+    from trialrows.experiments import AS_THEY_RUN
+
     ignores = EXPERIMENTS[sweep.experiment].ignores
     return [f"{o.flag}: {sweep.experiment}'s trials do not read it (given: {sweep.value(o)}); leave it out"
             for o in options_of(sweep.experiment) if o.name in ignores and o.name in sweep.given
-            and sweep.value(o) != o.default]
+            and sweep.value(o) not in (o.default, AS_THEY_RUN.get(o.name, o.default))]
 
 
 def logger_problems(loggers, storage) -> list[str]:

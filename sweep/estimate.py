@@ -130,10 +130,12 @@ def device_kind(device) -> str | None:
     return None
 
 
-def measured_mfu(rows: pd.DataFrame, device: str, model: str | None = None) -> tuple[float, float, int, str] | None:
+def measured_mfu(rows: pd.DataFrame, device: str, model: str | None = None,
+                 precision: str | None = None) -> tuple[float, float, int, str] | None:
     """(MFU over the wall clock, the peak the rows measured, rows, which rows) from the store's finished rows on
-    `device`: the same model's when there are any, else every model's; None without such rows. MFU x peak is
-    their FLOPs over their wall seconds."""
+    `device` (in `precision` when there are such rows: each is measured against its own precision's peak): the
+    same model's when there are any, else every model's; None without such rows. MFU x peak is their FLOPs over
+    their wall seconds."""
     needed = {"model_flops", "wall_seconds", "peak_flops", "device", "status"}
     if rows is None or rows.empty or not needed <= set(rows.columns):
         return None
@@ -144,6 +146,8 @@ def measured_mfu(rows: pd.DataFrame, device: str, model: str | None = None) -> t
         (rows["device"].map(device_kind) == device)
     if not usable.any():
         return None
+    if precision is not None and "precision" in rows and (usable & (rows["precision"] == precision)).any():
+        usable &= rows["precision"] == precision
     same = usable & (rows["model"] == model) if model is not None and "model" in rows else usable
     picked, which = (same, f"{int(same.sum())} finished rows of {model}") if same.any() else \
         (usable, f"{int(usable.sum())} finished rows of other models")
@@ -179,7 +183,7 @@ def rate_for(device: str, rows: pd.DataFrame | None, model: str, cpus_per_trial:
     from trialrows.recipe import resolve_precision
 
     precision = resolve_precision(precision, 0.0 if device == "cpu" else 1.0)
-    measured = measured_mfu(rows, device, model)
+    measured = measured_mfu(rows, device, model, precision)
     threads = max(1, int(cpus_per_trial or 1))
     if device == "cpu":
         cpus = cpus or os.cpu_count() or 1
@@ -432,7 +436,9 @@ def estimate_text(specs, settings, args, num_layers: int, folder, raw=None) -> s
     # A rerun skips the trials the store has finished: only the others cost anything.
     done = done_ids(stored)
     left = [f for spec, f in zip(specs, flops) if spec.trial_id not in done]
-    label = f"total ({len(specs) - len(left)} of {len(specs)} already done)" if len(left) < len(specs) else "total"
+    # By settings: a dry run reads no weights, so a row of other data or weights at the same settings counts too.
+    label = f"total ({len(specs) - len(left)} of {len(specs)} already done at these settings)" \
+        if len(left) < len(specs) else "total"
     return "\n".join([header(rate, note), cost_table(specs, flops, rate), summary_line(label, left, rate)])
 
 

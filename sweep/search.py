@@ -32,7 +32,7 @@ from pathlib import Path
 
 from sweep.checks import Refused
 from sweep.grid import TrialSpec
-from sweep.runner import RowWriter, experiment_name, make_tuner
+from sweep.runner import RowWriter, experiment_name, make_tuner, refuse_unplaceable
 from sweep.store import filesystem, join, parent, stored_trial_ids
 from trainables.rows import make_row
 
@@ -234,15 +234,15 @@ def run_searches(specs: list[TrialSpec], *, data: dict, pretrained: dict, folder
     problems = budget_problems(specs, tune_dir, num_samples)
     if problems:
         raise Refused(problems)
-    for spec in specs:
-        record_budget(experiment_dir(tune_dir, spec), spec, num_samples)
-
     # Tasks and weights go to the object store once; every cell's trials read the same copy.
     trainable = tune.with_resources(
         tune.with_parameters(finetune_trainable, data=ray.put(data), pretrained=ray.put(pretrained),
                              landed=landed_reports(specs, folder)),
         {"cpu": cpus_per_trial, "gpu": gpus_per_trial},
     )
+    refuse_unplaceable(trainable)  # here, before any budget is recorded (each cell's Tuner checks it again)
+    for spec in specs:
+        record_budget(experiment_dir(tune_dir, spec), spec, num_samples)
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     search = ray.remote(num_cpus=0)(search_cell).options(scheduling_strategy=here)
     print(f"{len(specs)} studies of {num_samples} trials each; Tune experiments in {join(tune_dir, 'searches')}")

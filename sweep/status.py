@@ -63,10 +63,16 @@ def read_plans(sweep: str) -> list[dict]:
                 plan = json.loads(text)
                 plans.append({"written_at": plan["written_at"], "trials": plan["trials"], "command": plan["command"],
                               "rerun_skips": plan["rerun_skips"],
-                              "at": datetime.datetime.fromisoformat(plan["written_at"])})
+                              "at": aware(datetime.datetime.fromisoformat(plan["written_at"]))})
             except (ValueError, KeyError, TypeError) as err:  # cut short or not a plan: set aside, one line
                 quarantine_file(fs, info.path, f"{type(err).__name__}: {err}")
     return sorted(plans, key=lambda plan: plan["at"])
+
+
+def aware(at: datetime.datetime) -> datetime.datetime:
+    """A plan's time with its zone; one written by hand without a zone is read as UTC (ours are), so that
+    plans sort together."""
+    return at if at.tzinfo is not None else at.replace(tzinfo=datetime.timezone.utc)
 
 
 def trial_table(plans: list[dict], stored: pd.DataFrame) -> pd.DataFrame:

@@ -228,6 +228,8 @@ def test_a_setting_the_experiments_trials_never_read_is_refused_not_ignored(expe
                    "--lr-schedule": "linear", "--max-failures": "2", "--checkpoint-every": None}[flags[0]]
         if default is not None:
             assert main([*argv, flags[0], default]) == 0
+    if flags[0] in ("--max-failures", "--checkpoint-every"):  # asking for what such units do is no mistake
+        assert main([*argv, flags[0], {"--max-failures": "0", "--checkpoint-every": "off"}[flags[0]]]) == 0
 
 
 @pytest.mark.parametrize("experiment", list(EXPERIMENTS))

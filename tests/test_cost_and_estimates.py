@@ -103,7 +103,7 @@ def test_a_dry_run_prices_only_the_trials_a_rerun_would_run(monkeypatch, tmp_pat
     monkeypatch.setattr(estimate, "spec_flops", lambda specs, *a, **k: ([1e12, 2e12][:len(specs)], "counted"))
     args = types.SimpleNamespace(storage=str(tmp_path), estimate_for="h100", gpus_per_trial=0, cpus_per_trial=1)
     out = estimate.estimate_text(specs, settings, args, 4, tmp_path / "rows")
-    assert "total (1 of 2 already done): 1 trials, 2e+12 FLOPs" in out, out
+    assert "total (1 of 2 already done at these settings): 1 trials, 2e+12 FLOPs" in out, out
 
 
 def test_trials_given_half_a_core_each_share_it():
@@ -128,7 +128,7 @@ def test_a_dry_run_of_a_sweep_half_done_prices_the_rest(tiny_bert, tmp_path, mon
     capsys.readouterr()
     assert sweep.cli.main([*argv, "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert "total (2 of 4 already done): 2 trials" in out, out
+    assert "total (2 of 4 already done at these settings): 2 trials" in out, out
 
 
 # --- the peak of the precision a trial ran in -------------------------------------------------------------------
@@ -224,3 +224,13 @@ def test_a_dry_run_prices_trials_at_the_peak_of_their_precision(cpu_peaks, tiny_
     assert sweep.cli.main(argv) == 0
     out = capsys.readouterr().out
     assert f"cost on {flags[-1] if '--estimate-for' in flags else 'cpu'}: {peak}" in out, out
+
+
+def test_a_rate_is_learned_from_rows_of_the_precision_it_prices():
+    # bf16 and fp32 rows on one card are measured against different peaks: mixed, their MFU would mean nothing.
+    rows = pd.DataFrame({"status": ["ok"] * 4, "model": ["m"] * 4, "device": ["NVIDIA H100 80GB HBM3"] * 4,
+                         "precision": ["bf16", "bf16", "fp32", "fp32"], "model_flops": [1e15, 1e15, 1e14, 1e14],
+                         "wall_seconds": [100.0, 100.0, 100.0, 100.0], "peak_flops": [989e12, 989e12, 67e12, 67e12]})
+    assert estimate.measured_mfu(rows, "h100", "m", "bf16")[0] == pytest.approx(1e13 / 989e12)
+    assert estimate.measured_mfu(rows, "h100", "m", "fp32")[0] == pytest.approx(1e12 / 67e12)
+    assert estimate.measured_mfu(rows[rows["precision"] == "fp32"], "h100", "m", "bf16")[2] == 2, "else every row"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import itertools
+import json
 import os
 import subprocess
 import sys
@@ -167,3 +168,15 @@ def test_mlflow_without_a_tracking_uri_on_object_storage_is_refused_with_the_way
     assert logger_problems(["mlflow"], "s3://my-bucket/reinit-sweep") == []
     (callback,) = tracker_callbacks(remote)
     assert callback.tracking_uri == "http://mlflow.example:5000"
+
+
+def test_a_plan_written_by_hand_without_a_time_zone_sorts_with_the_others(tmp_path):
+    settings = GridSettings.of(model="m", tasks=("synthetic",), sizes=(16,), trials=((0, 1),), k=(0,))
+    rows = [spec.row() for spec in EXPERIMENTS["incremental"].build(settings, 4)]
+    folder = tmp_path / "sw"
+    sweep.status.record_plan(str(folder), ["incremental"], "incremental", rows, ("ok",))
+    hand = {"command": "python -m sweep incremental --by-hand", "experiment": "incremental", "trials": rows,
+            "written_at": "2099-01-01T00:00:00", "rerun_skips": ["ok"]}
+    (folder / sweep.status.PLANS / "by-hand.json").write_text(json.dumps(hand))
+    plans = sweep.status.read_plans(str(folder))
+    assert [p["command"] for p in plans][-1] == hand["command"]  # read as UTC: the newest

@@ -368,6 +368,8 @@ def size_below(grid, least: int) -> str | None:
 # Probing and searches run each unit once, without checkpoints: a failed unit is an error row that the next run
 # retries (a restarted search trial would report to its study twice, a probe group reruns whole in seconds).
 RESTARTS = ("max_failures", "checkpoint_every", "keep_checkpoints")
+# The values of ignored settings that ask for what the units do anyway (no restart, no checkpoint): accepted.
+AS_THEY_RUN = {"max_failures": 0, "checkpoint_every": None, "keep_checkpoints": False}
 
 PAPER_5K = dict(sizes=[5000], skip=[])  # the paper's single-size experiments: 5k examples, every task
 FINETUNED = (*CELL, "reinit_mode")
@@ -404,7 +406,8 @@ register(Experiment("probing", probing, "the frozen model probed at every layer 
                     (PROBE_LAYERS, PROBES, PATIENCE, MAX_PROBE_EPOCHS, PROBE_LR, PROBE_VAL_FRACTION),
                     {"paper": dict(sizes=[], fractions=[1.0], trials=["8"], skip=[]), "demo": dict(trials=["2"])},
                     runner="sweep.probing:run_probing", layerwise=False, problems=probing_problems,
-                    ignores=("epochs", "lr", "lr_schedule", "max_grad_norm", "reinit_mode", "reinit_pooler", *RESTARTS)))
+                    ignores=("epochs", "lr", "lr_schedule", "max_grad_norm", "reinit_mode", "reinit_pooler",
+                             *RESTARTS)))
 # Ours (the paper only tried 5x): one study per incremental cell at 500 examples; demo: two cells (k=0 stays
 # at chance at the base rate, k=3 learns already: room for the search either way, a few minutes).
 register(Experiment("lr-multipliers", lr_multipliers, "an Optuna search over per-layer learning-rate multipliers, "
