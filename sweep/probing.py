@@ -16,7 +16,7 @@ from pathlib import Path
 
 from sweep.checks import cannot_start
 from sweep.grid import TrialSpec, data_key
-from sweep.runner import RowWriter, experiment_name, fit, make_tuner
+from sweep.runner import RowWriter, experiment_name, fit, make_tuner, refuse_unplaceable
 
 GROUP_COLUMNS = ("probe", "layer")  # the own columns that vary inside one subset's trial
 
@@ -121,6 +121,7 @@ def run_probing(
         tune.with_parameters(probing_trainable, data=data, pretrained=pretrained),
         {"cpu": cpus_per_trial, "gpu": gpus_per_trial},
     )
+    refuse_unplaceable(trainable)
     writer = ProbeRowWriter(folder, len(specs))
     tuner = make_tuner(trainable, param_space={"trial": tune.grid_search(groups)}, name=experiment_name(),
                        storage_path=tune_dir, callbacks=[writer, *callbacks], max_failures=0, verbose=verbose)

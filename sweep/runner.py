@@ -26,7 +26,6 @@ def make_tuner(trainable, *, name: str, storage_path, callbacks: list, max_failu
     rows landed by `callbacks`; `tune_options` add to the TuneConfig (a search's algorithm and scheduler)."""
     from ray import tune
 
-    refuse_unplaceable(trainable)
     return tune.Tuner(
         trainable,
         param_space=param_space,
@@ -48,9 +47,9 @@ def make_tuner(trainable, *, name: str, storage_path, callbacks: list, max_failu
 
 
 def refuse_unplaceable(trainable) -> None:
-    """Refuse a trainable whose fixed resources (probing's, a search's) no node of the cluster can hold: Tune
-    would keep its trials pending forever, only warning that the cluster may be autoscaling. Resources made
-    per config (a sweep's packs) were checked where they were made (sweep.packs.pack_resources)."""
+    """Refuse a trainable whose fixed resources (probing's, a search's: checked once a sweep, where they are
+    made) no node of the cluster can hold: Tune would keep its trials pending forever, only warning that the
+    cluster may be autoscaling. Resources made per config (a sweep's packs) are checked by pack_resources."""
     import ray
     from ray.tune.execution.placement_groups import PlacementGroupFactory
 

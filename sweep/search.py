@@ -240,7 +240,7 @@ def run_searches(specs: list[TrialSpec], *, data: dict, pretrained: dict, folder
                              landed=landed_reports(specs, folder)),
         {"cpu": cpus_per_trial, "gpu": gpus_per_trial},
     )
-    refuse_unplaceable(trainable)  # here, before any budget is recorded (each cell's Tuner checks it again)
+    refuse_unplaceable(trainable)  # here, before any budget is recorded
     for spec in specs:
         record_budget(experiment_dir(tune_dir, spec), spec, num_samples)
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)

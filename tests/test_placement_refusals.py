@@ -54,11 +54,11 @@ def test_a_runner_with_fixed_resources_no_node_holds_is_refused_not_left_pending
     # forever, about a trial no node can hold.
     from ray import tune
 
-    from sweep.runner import make_tuner
+    from sweep.runner import refuse_unplaceable
 
-    def tuner(resources):
-        return make_tuner(tune.with_resources(_train, resources), name="placement", storage_path=tmp_path,
-                          callbacks=[], max_failures=0)
+    def tuner(resources):  # what probing's runner and the search check once, before their Tuners
+        refuse_unplaceable(tune.with_resources(_train, resources))
+        return resources
 
     with pytest.raises(Refused, match=r"--cpus-per-trial: 4 asked, but the largest node .* has 1 CPUs"):
         tuner({"cpu": 4})
