@@ -179,7 +179,7 @@ def rate_for(device: str, rows: pd.DataFrame | None, model: str, cpus_per_trial:
              precision: str = "auto") -> Rate:
     """The rate of trials of `model` in `precision` on `device`: the store's rows' MFU weighed against the
     default's (`blended_mfu`), times the data sheet's peak in that precision or this CPU's, measured now."""
-    from trainables.cost import GPU_PEAK_FLOPS, NO_BF16_CORES
+    from trainables.cost import GPU_PEAK_FLOPS, NO_BF16_CORES, cpu_peak  # measured once, as a trial measures it
     from trialrows.recipe import resolve_precision
 
     precision = resolve_precision(precision, 0.0 if device == "cpu" else 1.0)
@@ -221,13 +221,6 @@ def flops_per_second(peak: float) -> str:
 def blended_mfu(measured: float, rows: int, default: float, prior_rows: int = PRIOR_ROWS) -> float:
     """The rows' MFU and the default's, weighed as `rows` against `prior_rows` rows."""
     return (rows * measured + prior_rows * default) / (rows + prior_rows)
-
-
-def cpu_peak(threads: int, precision: str = "fp32") -> float:
-    """This CPU's matmul peak on `threads` threads in `precision`, measured once (as a trial measures its own)."""
-    from trainables.cost import cpu_peak
-
-    return cpu_peak(threads, precision)
 
 
 # --- FLOPs per trial ----------------------------------------------------------------------------------------
@@ -406,16 +399,22 @@ def dry_run_estimate(specs, settings, args, num_layers: int, folder, raw=None, s
     """(each spec's FLOPs, the rate on --estimate-for, how the FLOPs were counted) for a dry run: FLOPs known
     from the sweep's own rows (`stored`), the rate measured by every sweep's rows under --storage (`everything`,
     read here unless given)."""
+    everything, stored = store_rows(args, folder, everything, stored)
+    flops, note = spec_flops(specs, settings, num_layers, stored, raw)
+    rate = rate_for(chosen_device(args), everything, settings.model, args.cpus_per_trial,
+                    precision=trial_precision(settings, args))
+    return flops, rate, note
+
+
+def store_rows(args, folder, everything=None, stored=None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(every row under --storage, the sweep's own), each read unless given."""
     from sweep.store import location
 
     if everything is None:
         everything = stored_rows(location(args.storage))
     if stored is None:  # the sweep's folder lies under the location: no row there (or a bucket that does not
         stored = stored_rows(folder) if len(everything) else everything  # answer), none in it: asked once
-    flops, note = spec_flops(specs, settings, num_layers, stored, raw)
-    rate = rate_for(chosen_device(args), everything, settings.model, args.cpus_per_trial,
-                    precision=trial_precision(settings, args))
-    return flops, rate, note
+    return everything, stored
 
 
 def trial_precision(settings, args) -> str:
@@ -426,12 +425,9 @@ def trial_precision(settings, args) -> str:
 
 def estimate_text(specs, settings, args, num_layers: int, folder, raw=None) -> str:
     """What `--dry-run` prints of a sweep's cost."""
-    from sweep.store import location
-
     if not specs:
         return "cost: no trial to run"
-    everything = stored_rows(location(args.storage))
-    stored = stored_rows(folder) if len(everything) else everything
+    everything, stored = store_rows(args, folder)
     flops, rate, note = dry_run_estimate(specs, settings, args, num_layers, folder, raw, stored, everything)
     # A rerun skips the trials the store has finished: only the others cost anything.
     done = done_ids(stored)

@@ -8,7 +8,8 @@ import pandas as pd
 import pytest
 
 from sweep.cli import main
-from sweep.estimate import (DEFAULT_MFU, PRIOR_ROWS, Rate, cpu_peak, device_hours, device_kind, measured_mfu, observed_slots, rate_for, schedule_seconds,
+from trainables.cost import cpu_peak
+from sweep.estimate import (DEFAULT_MFU, PRIOR_ROWS, Rate, device_hours, device_kind, measured_mfu, observed_slots, rate_for, schedule_seconds,
                             sweep_seconds, trial_flops)
 
 
@@ -54,7 +55,7 @@ def test_mfu_comes_from_the_stores_finished_rows_on_that_device():
     # A dry run weighs those 3 rows' 0.2 against the default as 4 rows, and prices it at this CPU's peak now.
     rate = rate_for("cpu", rows, "a", cpus_per_trial=1, cpus=2)
     assert rate.mfu == pytest.approx((3 * 0.2 + PRIOR_ROWS * DEFAULT_MFU["cpu"]) / (3 + PRIOR_ROWS))
-    assert rate.peak == cpu_peak(1) and rate.slots == 2 and "over the wall seconds of the store's 3 finished" in rate.source
+    assert rate.peak == cpu_peak(1, "fp32") and rate.slots == 2 and "over the wall seconds of the store's 3 finished" in rate.source
     many = pd.concat([rows.iloc[:3]] * 100, ignore_index=True)  # 300 rows: theirs, nearly
     assert rate_for("cpu", many, "a", cpus_per_trial=1, cpus=2).mfu == pytest.approx(0.2, abs=0.004)
     assert rate_for("cpu", None, "a", cpus_per_trial=1, cpus=2).mfu == DEFAULT_MFU["cpu"]
