@@ -179,16 +179,14 @@ def trial_configs(n: int, args, num_layers: int, gpu: bool):
 
 def trial_flops(cfg, data, pretrained) -> float:
     """Model FLOPs of one trial: training on its subset for its epochs and one dev evaluation."""
-    from trainables.cost import sequence_flops
+    from trainables.cost import flop_shape, sequence_flops
     from trainables.data import draw_subset
-    from trainables.models import build_classifier, layer_stack
-    from trainables.cost import non_embedding_params
+    from trainables.models import build_classifier
 
-    model = build_classifier(pretrained, data.num_labels, 0)
-    shape = (non_embedding_params(model), len(layer_stack(model)), int(pretrained.config.hidden_size))
+    shape = flop_shape(build_classifier(pretrained, data.num_labels, 0))
     rows = draw_subset(len(data.train), cfg.train_size, cfg.subset_seed)
-    return (sequence_flops(data.train.lengths[rows], *shape, train=True) * cfg.epochs
-            + sequence_flops(data.validation.lengths, *shape, train=False))
+    return (sequence_flops(data.train.lengths[rows], shape, True, cfg.batch_size) * cfg.epochs
+            + sequence_flops(data.validation.lengths, shape, False, cfg.eval_batch_size))
 
 
 class Figures:

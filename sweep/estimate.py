@@ -226,19 +226,19 @@ def blended_mfu(measured: float, rows: int, default: float, prior_rows: int = PR
 # --- FLOPs per trial ----------------------------------------------------------------------------------------
 
 
-def model_shape(model: str, num_layers: int, num_labels: int = 2) -> tuple[int, int, int]:
-    """(non-embedding parameters of the classifier, layers, hidden size), as `finetune` counts them: the
-    model built from its config on the meta device (no weights read); for a hub model a dry run does not
-    download, BERT's layout at its known size."""
+def model_shape(model: str, num_layers: int, num_labels: int = 2):
+    """The classifier's `trainables.cost.FlopShape`, as `finetune` counts its FLOPs: the model built from its
+    config on the meta device (no weights read); for a hub model a dry run does not download, BERT's layout at
+    its known size."""
     return _model_shape(model, num_layers, num_labels)
 
 
 @functools.lru_cache(maxsize=None)
-def _model_shape(model: str, num_layers: int, num_labels: int) -> tuple[int, int, int]:
+def _model_shape(model: str, num_layers: int, num_labels: int):
     import torch
     from transformers import AutoModelForSequenceClassification, BertConfig
 
-    from trainables.cost import non_embedding_params
+    from trainables.cost import flop_shape
     from trainables.models import load_config
 
     if model in KNOWN_HIDDEN:
@@ -250,37 +250,39 @@ def _model_shape(model: str, num_layers: int, num_labels: int) -> tuple[int, int
     config.num_labels = num_labels
     with torch.device("meta"):
         classifier = AutoModelForSequenceClassification.from_config(config)
-    return non_embedding_params(classifier), num_layers, int(config.hidden_size)
+    return flop_shape(classifier)
 
 
-def trial_flops(spec, data: dict | None, shape: tuple[int, int, int]) -> float:
+def trial_flops(spec, data: dict | None, shape) -> float:
     """The model FLOPs a trial will count: its epochs over its subset's token lengths, each dev evaluation
     (every `eval_every` epochs and after the last), and sequential finetuning's intermediate round.
     `data`: the tokenized tasks by data key (sweep.data.prepare_data), or None (typical lengths)."""
     from sweep.grid import data_key
     from trainables.cost import sequence_flops
-    from trainables.finetune import draw_rows
+    from trainables.finetune import FinetuneConfig, draw_rows
 
     def train(task: str) -> float:
         tokenized = (data or {}).get(data_key(task, spec.max_length))
         if tokenized is None:
-            return spec.epochs * spec.train_size * _typical(task, shape, train=True)
+            return spec.epochs * _typical(task, spec.train_size, shape, True, spec.batch_size)
         lengths = tokenized.train.lengths[draw_rows(tokenized.train, spec.train_size, spec.subset_seed)]
-        return spec.epochs * sequence_flops(lengths, *shape, train=True)
+        return spec.epochs * sequence_flops(lengths, shape, True, spec.batch_size)
 
     evaluations = sum(epoch == spec.epochs or (spec.eval_every > 0 and epoch % spec.eval_every == 0)
                       for epoch in range(1, spec.epochs + 1))  # as trainables.finetune.evaluated_at
     tokenized = (data or {}).get(data_key(spec.task, spec.max_length))
-    dev = sequence_flops(tokenized.validation.lengths, *shape, train=False) if tokenized is not None else \
-        DEV_SIZES.get(spec.task, 1000) * _typical(spec.task, shape, train=False)
+    eval_batch = FinetuneConfig.eval_batch_size
+    dev = sequence_flops(tokenized.validation.lengths, shape, False, eval_batch) if tokenized is not None else \
+        _typical(spec.task, DEV_SIZES.get(spec.task, 1000), shape, False, eval_batch)
     return train(spec.task) + evaluations * dev + (train(spec.intermediate_task) if spec.intermediate_task else 0.0)
 
 
-def _typical(task: str, shape: tuple[int, int, int], train: bool) -> float:
-    """FLOPs of one example of typical length (`TYPICAL_TOKENS`)."""
-    params, layers, hidden = shape
+def _typical(task: str, examples: int, shape, train: bool, batch_size: int) -> float:
+    """FLOPs of one pass over `examples` of typical length (`TYPICAL_TOKENS`)."""
+    from trainables.cost import token_flops
+
     mean, square = TYPICAL_TOKENS.get(task, DEFAULT_TOKENS)[0 if train else 1]
-    return (2.0 * params * mean + 4.0 * layers * hidden * square) * (3.0 if train else 1.0)
+    return token_flops(examples * mean, examples * square, -(-examples // batch_size), shape, train)
 
 
 def local_data(settings, specs, raw=None) -> tuple[dict | None, str]:

@@ -1,13 +1,16 @@
 """Model FLOPs and model-FLOPs utilisation (MFU), counted the way nanoGPT counts them.
 
 A training token costs 6 FLOPs per non-embedding parameter (forward + backward) plus the attention
-score/value products, 12 * layers * hidden * sequence length; evaluation costs a third of that. MFU is the
-model FLOPs done per second over the device's peak in the precision the trial ran in, so padding and overhead
-show up as lost utilisation.
+score/value products, 12 * layers * hidden * sequence length; evaluation costs a third of that. DeBERTa's
+disentangled attention adds its scores against the relative-position table (per token) and the projections of
+that table (per forward pass, whatever the batch holds). MFU is the model FLOPs done per second over the device's
+peak in the precision the trial ran in, so padding and overhead show up as lost utilisation.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
+import math
 import time
 
 import numpy as np
@@ -34,12 +37,49 @@ GPU_PEAK_FLOPS = {
 NO_BF16_CORES = ("V100", "T4", "TITAN Xp")  # the cards whose bf16 figure above is fp32's
 
 
+@dataclasses.dataclass(frozen=True)
+class FlopShape:
+    """A model as its FLOPs are counted: its non-embedding parameters (each as often as a token meets it), layers
+    and hidden size; for DeBERTa's relative attention, the rows of the position table a layer scores against
+    (twice its span), how many of its score products meet them (content->position, position->content) and how
+    many projections of the table a layer makes each forward pass."""
+
+    params: int
+    layers: int
+    hidden: int
+    position_rows: int = 0
+    position_scores: int = 0
+    position_projections: int = 0
+
+
+def flop_shape(model: nn.Module) -> FlopShape:
+    config = model.config
+    dense = (non_embedding_params(model), int(config.num_hidden_layers), int(config.hidden_size))
+    if config.model_type != "deberta-v2" or not getattr(config, "relative_attention", False):
+        return FlopShape(*dense)
+    # As transformers' DisentangledSelfAttention sizes them: position buckets, else the relative span, else the
+    # absolute positions; the table's first two spans are scored against whatever the sequence's length.
+    buckets, span = getattr(config, "position_buckets", -1), getattr(config, "max_relative_positions", -1)
+    span = buckets if buckets > 0 else span if span >= 1 else config.max_position_embeddings
+    kinds = config.pos_att_type
+    kinds = {k.strip() for k in (kinds.split("|") if isinstance(kinds, str) else kinds or ())} & {"c2p", "p2c"}
+    # A shared key projects the table through both the key and the query, whichever scores use them.
+    projections = 2 if getattr(config, "share_att_key", False) else len(kinds)
+    return FlopShape(*dense, position_rows=2 * span, position_scores=len(kinds), position_projections=projections)
+
+
+POSITION_PROJECTIONS = (".pos_key_proj", ".pos_query_proj")  # DeBERTa-v2's, when not shared with key and query
+
+
 def non_embedding_params(model: nn.Module) -> int:
     """Parameters a token meets outside the embeddings, each as often as it is applied: ALBERT's layer groups
-    run num_hidden_layers / num_hidden_groups times each, and a token pays their FLOPs every time."""
+    run num_hidden_layers / num_hidden_groups times each, and a token pays their FLOPs every time. DeBERTa's
+    relative-position table is an embedding too, and the projections of its own that DeBERTa-v2 keeps meet no
+    token: they are counted once a pass (`FlopShape`)."""
     base = getattr(model, "base_model", model)
-    emb = getattr(base, "embeddings", None)
-    skip = {id(p) for p in emb.parameters()} if emb is not None else set()
+    tables = [getattr(base, "embeddings", None), getattr(getattr(base, "encoder", None), "rel_embeddings", None)]
+    tables += [m for name, m in model.named_modules() if name.endswith(POSITION_PROJECTIONS)]
+    skip = {id(p) for table in tables if table is not None for p in table.parameters()}
     uses = {}
     groups = getattr(getattr(model, "config", None), "num_hidden_groups", None)
     shared = getattr(getattr(base, "encoder", None), "albert_layer_groups", None)
@@ -48,10 +88,19 @@ def non_embedding_params(model: nn.Module) -> int:
     return sum(p.numel() * uses.get(id(p), 1) for p in model.parameters() if id(p) not in skip)
 
 
-def sequence_flops(lengths: np.ndarray, n_params: int, num_layers: int, hidden: int, train: bool) -> float:
+def sequence_flops(lengths: np.ndarray, shape: FlopShape, train: bool, batch_size: int) -> float:
+    """The FLOPs of sequences of `lengths`, in forward passes of `batch_size` (the last one partial)."""
     lengths = np.asarray(lengths, dtype=np.float64)
-    per_pass = 2.0 * n_params * lengths.sum() + 4.0 * num_layers * hidden * np.square(lengths).sum()
-    return float(per_pass * (3.0 if train else 1.0))
+    return token_flops(lengths.sum(), np.square(lengths).sum(), math.ceil(len(lengths) / batch_size), shape, train)
+
+
+def token_flops(tokens: float, squares: float, passes: int, shape: FlopShape, train: bool) -> float:
+    """The FLOPs of `passes` forward passes (and their backward ones when `train`) over `tokens` tokens in all,
+    whose sequences' squared lengths sum to `squares`."""
+    per_token = 2.0 * shape.params + 2.0 * shape.layers * shape.hidden * shape.position_rows * shape.position_scores
+    per_pass = 2.0 * shape.layers * shape.position_projections * shape.position_rows * shape.hidden ** 2
+    flops = per_token * tokens + 4.0 * shape.layers * shape.hidden * squares + per_pass * passes
+    return float(flops * (3.0 if train else 1.0))
 
 
 def peak_flops(device: str, precision: str) -> tuple[float, str]:

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from trainables.ablations import Reinit, apply_ablation, reinitialized_layers
-from trainables.cost import cost_fields, non_embedding_params, peak_flops, sequence_flops
+from trainables.cost import FlopShape, cost_fields, flop_shape, peak_flops, sequence_flops
 from trainables.data import TokenizedSplit, TokenizedTask, collate, draw_subset, eval_batches, train_batches
 from trainables.metrics import chance_figures, compute_metrics
 from trainables.models import Pretrained, build_classifier, layer_stack, pooler
@@ -179,19 +179,19 @@ def pick_device(gpu_fraction: float) -> torch.device:
 @dataclasses.dataclass(frozen=True)
 class Compute:
     """Where and how a trial computes: its device, its precision, the tokenizer's padding id, and the model's
-    shape for counting FLOPs (non-embedding parameters, layers, hidden size)."""
+    shape for counting FLOPs."""
 
     device: torch.device
     precision: str
     pad_id: int
-    shape: tuple[int, int, int]
+    shape: FlopShape
 
     def autocast(self, cache: bool = True):
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16",
                               cache_enabled=cache)
 
-    def flops(self, lengths, train: bool) -> float:
-        return sequence_flops(lengths, *self.shape, train=train)
+    def flops(self, lengths, train: bool, batch_size: int) -> float:
+        return sequence_flops(lengths, self.shape, train, batch_size)
 
     def synchronize(self) -> None:
         if self.device.type == "cuda":
@@ -279,7 +279,7 @@ def train_epoch(model, split: TokenizedSplit, rows, cfg: FinetuneConfig, optimiz
         optimizer.step()
         scheduler.step()
         losses.append(loss.detach())
-        flops += compute.flops(split.lengths[batch_rows], train=True)
+        flops += compute.flops(split.lengths[batch_rows], True, cfg.batch_size)
     return EpochStats(float(torch.stack(losses).mean()), flops, int(clipped))
 
 
@@ -406,7 +406,7 @@ def finetune(
     model = build_model(pretrained, data, cfg.seed)
     apply_ablation(cfg.ablation, model, cfg.seed)
     compute = Compute(pick_device(cfg.gpu_fraction), cfg.precision, int(pretrained.config.pad_token_id or 0),
-                      (non_embedding_params(model), len(layer_stack(model)), int(pretrained.config.hidden_size)))
+                      flop_shape(model))
     progress = Progress()
     if cfg.intermediate_task is not None and resume is None:  # a saved state is past the intermediate task
         flops, seconds, moved = finetune_intermediate(model, cfg, intermediate, pretrained, compute)
@@ -443,12 +443,12 @@ def finetune(
         tick, metrics = time.perf_counter(), {}
         if status == "ok" and evaluated_at(epoch, cfg):
             metrics = evaluate(model, data.validation, data.definition, cfg.eval_batch_size, compute)
-            progress.flops += compute.flops(data.validation.lengths, train=False)
+            progress.flops += compute.flops(data.validation.lengths, False, cfg.eval_batch_size)
             progress.by_epoch.append(float(metrics[data.metric]))
             progress.dev_epochs.append(epoch)
         if held_split is not None and status == "ok":  # the search's objective: every epoch, for ASHA
             val = evaluate(model, held_split, data.definition, cfg.eval_batch_size, compute)
-            progress.flops += compute.flops(held_split.lengths, train=False)
+            progress.flops += compute.flops(held_split.lengths, False, cfg.eval_batch_size)
             progress.val_by_epoch.append(float(val[data.metric]))
         elif held_split is not None:  # a diverged model's figure would be its constant guess's: Optuna fails a nan
             progress.val_by_epoch.append(float("nan"))

@@ -52,7 +52,7 @@ import torch
 import torch.nn.functional as F
 
 from trainables.ablations import apply_ablation
-from trainables.cost import cost_fields, non_embedding_params, peak_flops
+from trainables.cost import FlopShape, cost_fields, non_embedding_params, peak_flops
 from trainables.data import TokenizedSplit, TokenizedTask, draw_subset, eval_batches, train_batches
 from trainables.finetune import (RECIPE_VERSION, Compute, FinetuneConfig, evaluated_at, hold_out, make_optimizer,
                                  pick_device, schedule_steps)
@@ -1289,8 +1289,8 @@ class Pack:
         self.exp_avg = [m.to(device) for m in parts.exp_avg] if parts.exp_avg else None
         self.exp_avg_sq = [v.to(device) for v in parts.exp_avg_sq] if parts.exp_avg_sq else None
         self.start = parts.start  # the linear weights after surgery, for weight_distance
-        self.compute = Compute(device, cfg.precision, int(config.pad_token_id or 0),
-                               (self.setups[0].n_params, int(config.num_hidden_layers), int(config.hidden_size)))
+        shape = FlopShape(self.setups[0].n_params, int(config.num_hidden_layers), int(config.hidden_size))
+        self.compute = Compute(device, cfg.precision, int(config.pad_token_id or 0), shape)
         # The small tensors (the ACCUMULATED ones: LayerNorms, the position and token-type tables) are read from a
         # contiguous float32 copy of bank 1's leading columns, made with the cast (PackEncoder.refresh), and their
         # gradients gathered in one (small_grad), copied into the gradient bank after backward. Read as views of
@@ -1328,7 +1328,8 @@ class Pack:
         self.graphs = step_graphs(self)
         # for its rows: graphs given up (StepGraphs.give_up) leave the learning rates read in float32
         self.graphs_on = self.graphs is not None
-        self.epoch_flops = np.array([self.compute.flops(data.train.lengths[s.rows], train=True) for s in self.setups])
+        self.epoch_flops = np.array([self.compute.flops(data.train.lengths[s.rows], True, cfg.batch_size)
+                                     for s in self.setups])
         self._eval: dict[int, tuple] = {}
 
     def __len__(self) -> int:
@@ -1996,7 +1997,7 @@ class Trainer:
             print(f"fused pack of {len(pack)}: peak {peak / 2**30:.1f} GiB, "
                   f"{peak / len(pack) / parameter_count(self.pretrained):.1f} bytes a parameter a trial", flush=True)
         peak_flops(str(pack.compute.device), pack.compute.precision)  # measured (CPU) outside every timed stretch
-        eval_flops = pack.compute.flops(data.validation.lengths, train=False)
+        eval_flops = pack.compute.flops(data.validation.lengths, False, pack.cfgs[0].eval_batch_size)
         P, position = len(pack), run.position
         # the next epoch's orders, the streams' states after drawing them, and its batches on the device
         ahead: tuple[list, list[dict], tuple] | None = None

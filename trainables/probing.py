@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainables.cost import cost_fields, non_embedding_params, peak_flops, sequence_flops
+from trainables.cost import cost_fields, flop_shape, peak_flops, sequence_flops
 from trainables.data import TokenizedSplit, TokenizedTask, collate, draw_subset, train_batches
 from trainables.finetune import pick_device
 from trainables.metrics import chance_figures, compute_metrics
@@ -254,7 +254,7 @@ def probe_subset(
     if unknown:
         raise ValueError(f"probe {unknown[0]!r} is not one of {', '.join(PROBES)}")
     encoder = frozen_encoder(pretrained).to(device)
-    num_layers, hidden = int(encoder.config.num_hidden_layers), int(encoder.config.hidden_size)
+    num_layers = int(encoder.config.num_hidden_layers)
     needs_pooler = sorted({p for p, _ in todo if p != "mean-pool"})
     if needs_pooler and pooler(encoder) is None:
         raise ValueError(f"probe '{needs_pooler[0]}' reads the pooler, and model '{pretrained.name}' has none; "
@@ -282,9 +282,8 @@ def probe_subset(
     if device.type == "cuda":
         torch.cuda.synchronize()
     feature_seconds = time.perf_counter() - tick
-    encoded = data.train.lengths[rows] if dev_cached else np.concatenate([data.train.lengths[rows],
-                                                                          data.validation.lengths])
-    feature_flops = sequence_flops(encoded, non_embedding_params(encoder), num_layers, hidden, train=False)
+    encoded = [data.train.lengths[rows]] + ([] if dev_cached else [data.validation.lengths])
+    feature_flops = sum(sequence_flops(lengths, flop_shape(encoder), False, cfg.eval_batch_size) for lengths in encoded)
     # Each row carries an equal share of the set-up (model build, encoder passes), so rows sum to the total.
     shared_seconds = (time.perf_counter() - started) / len(todo)
     peak_flops(str(device), cfg.precision)  # a CPU peak is measured now (then cached), outside every timed stretch
