@@ -77,3 +77,38 @@ def test_unsupported_family_is_refused(tmp_path, capsys):
 def test_other_families_dry_run_with_their_shape(tiny_family, tmp_path, capsys, name):
     assert main(sweep_argv(tiny_family(name), tmp_path, "heads", "--dry-run")) == 0
     assert "(4 layers)" in capsys.readouterr().out
+
+
+def test_half_precision_checkpoint_is_finetuned_in_float32(tiny_family, tmp_path):
+    # transformers 5 loads a checkpoint in the dtype it was saved in: a bf16 one gave bf16 master weights, so
+    # the unfused trials (every family but BERT) took AdamW steps of 2e-5 on bf16 weights (mostly rounded
+    # away) and drew their surgery in bf16, while fused BERT packs copy the weights into float32 banks.
+    import torch
+    from transformers import AutoModel
+
+    from trainables.ablations import Reinit, apply_ablation
+    from trainables.models import build_classifier, load_pretrained
+
+    AutoModel.from_pretrained(tiny_family("electra")).to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
+    saved = load_file(tmp_path / "bf16" / "model.safetensors")
+    assert {v.dtype for v in saved.values()} == {torch.bfloat16}
+    pretrained = load_pretrained(str(tmp_path / "bf16"))
+    assert {v.dtype for v in pretrained.state_dict.values() if v.is_floating_point()} == {torch.float32}
+    assert all(torch.equal(pretrained.state_dict[k], v.float()) for k, v in saved.items())
+    model = apply_ablation(Reinit(layers=(4,)), build_classifier(pretrained, num_labels=2, seed=0), 0)
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+
+
+@pytest.mark.parametrize("name", ["distilbert", "deberta-v3"])
+def test_pooler_reinit_is_refused_before_any_layer_is_touched_naming_the_family(tiny_family, name):
+    import torch
+
+    from trainables.ablations import Reinit, apply_ablation
+    from trainables.models import build_classifier, load_pretrained
+
+    pretrained = load_pretrained(tiny_family(name))
+    model = build_classifier(pretrained, num_labels=2, seed=0)
+    with pytest.raises(ValueError, match="reinit_pooler=True but this model has no pooler") as refusal:
+        apply_ablation(Reinit(layers=(3, 4), reinit_pooler=True), model, 0)
+    assert f"'{name.replace('-v3', '-v2')}'" in str(refusal.value) and "allowed for: bert" in str(refusal.value)
+    assert all(torch.equal(v, pretrained.state_dict[k]) for k, v in model.base_model.state_dict().items())

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from trainables.models import family, layer_stack, pooler
+from trainables.models import FAMILIES, family, layer_stack, pooler
 from trialrows.experiments import SUBLAYERS  # the row vocabulary, declared once
 
 # What the paper intends (appendix B): N(0, 0.02) truncated to (-0.04, 0.04) for every non-LayerNorm
@@ -146,12 +146,14 @@ def apply_ablation(ablation, model: nn.Module, seed: int) -> nn.Module:
 @apply_ablation.register
 def _(ablation: Reinit, model: nn.Module, seed: int) -> nn.Module:
     stack = checked_stack(model, ablation.layers, "reinit_layers")
+    found = pooler(model) if ablation.reinit_pooler else None
+    if ablation.reinit_pooler and found is None:  # refused before a layer is touched
+        with_pooler = [name for name, fam in FAMILIES.items() if fam.pooler and not fam.not_layerwise]
+        raise ValueError(f"reinit_pooler=True but this model has no pooler: a '{model.config.model_type}' "
+                         f"classifier draws its head fresh in every trial; allowed for: {', '.join(with_pooler)}")
     for i in ablation.layers:
         reinit_module(stack[i - 1], ablation.mode, ablation.keep_layernorm, layer_generator(seed, i))
-    if ablation.reinit_pooler:
-        found = pooler(model)
-        if found is None:
-            raise ValueError("reinit_pooler=True but this model has no pooler")
+    if found is not None:
         reinit_module(found, ablation.mode, ablation.keep_layernorm, layer_generator(seed, 0))
     return model
 

@@ -55,7 +55,9 @@ FAMILIES: dict[str, Family] = {
                                                "attention.out_lin"),
                          ("ffn.lin1", "ffn.lin2"), ("sa_layer_norm", "output_layer_norm"), None,
                          "pre_classifier + relu on token 0 -> linear (no pooler)"),
-    # Relative-position embeddings and their LayerNorm sit in the encoder, outside the layers: never reset.
+    # Relative-position embeddings and their LayerNorm sit in the encoder, outside the layers: never reset. So
+    # does the convolution of the xlarge checkpoints (conv_kernel_size > 0), added to whatever layer runs first:
+    # layer surgery keeps it, and a permutation leaves it in front.
     "deberta-v2": Family("encoder.layer", ("attention.self.query_proj", "attention.self.key_proj",
                                            "attention.self.value_proj", "attention.output.dense"),
                          BERT_FEED_FORWARD, BERT_NORMS, None, "context pooler on token 0 -> linear (fresh)"),
@@ -131,9 +133,11 @@ def load_pretrained(name: str) -> Pretrained:
     from transformers import AutoModel
 
     path = resolve_model_path(name)
-    # safetensors only and no remote code: a model folder from elsewhere must not run code here.
+    # safetensors only and no remote code: a model folder from elsewhere must not run code here. float32
+    # master weights whatever dtype the checkpoint was saved in (transformers would keep a bf16 one bf16, and
+    # every classifier built from its config too); --precision bf16 is autocast over them.
     base, info = AutoModel.from_pretrained(path, use_safetensors=True, trust_remote_code=False,
-                                           output_loading_info=True)
+                                           output_loading_info=True, dtype=torch.float32)
     # transformers fills a weight the checkpoint lacks with random values and only logs it; a "pretrained"
     # layer that is in fact random would void every comparison. A pooler may be absent (RoBERTa-style
     # checkpoints need none), and so may buffers such as position_ids.
