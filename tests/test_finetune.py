@@ -60,3 +60,15 @@ def test_divergence_stops_the_trial_and_says_so(pretrained, synthetic):
     held = finetune(dataclasses.replace(cfg, val_size=8), synthetic, pretrained)
     assert held["status"] == "diverged" and math.isnan(held["val_metric"])
     assert math.isnan(held["val_metrics_by_epoch"][0])
+
+
+def test_a_model_left_with_non_finite_weights_is_diverged_though_its_loss_was_finite(pretrained, synthetic):
+    # One step an epoch: its loss is the start weights' (finite), and the update it makes leaves inf weights.
+    # Reported ok, the row held the accuracy of argmax over nan logits (a constant guess) as a result.
+    cfg = FinetuneConfig(task="synthetic", train_size=8, subset_seed=0, seed=0, epochs=2, eval_every=1,
+                         lr=float("inf"))
+    reports = []
+    result = finetune(cfg, synthetic, pretrained, report=reports.append)
+    assert math.isfinite(reports[0]["train_loss"])
+    assert [r["status"] for r in reports] == ["diverged"] and result["epoch"] == 1
+    assert "dev_metric" not in result and result["dev_metrics_by_epoch"] == []

@@ -183,6 +183,18 @@ def test_a_diverging_trial_is_masked_and_spoils_no_pack_mate(quiet, synthetic):
         assert got["train_loss"] == pytest.approx(expected["train_loss"], rel=1e-5)
 
 
+def test_a_member_left_with_non_finite_weights_is_diverged_though_its_loss_was_finite(quiet, synthetic):
+    # One step an epoch: its loss is the start weights' (finite), and the update it makes leaves inf weights.
+    # Reported ok, the member's row held the accuracy of argmax over nan logits (a constant guess) as a result.
+    calm, wild = (trial(seed, Reinit.incremental(2, LAYERS), train_size=8, eval_every=1, **extra)
+                  for seed, extra in ((0, {}), (11, {"lr": float("inf")})))
+    reports = []
+    calm_row, wild_row = finetune_pack([calm, wild], synthetic, quiet, report=reports.append)
+    assert math.isfinite(reports[0][1]["train_loss"]) and reports[0][1]["status"] == "diverged"
+    assert wild_row["epoch"] == 1 and "dev_metric" not in wild_row
+    assert calm_row["status"] == "ok" and calm_row["epoch"] == 2
+
+
 def test_trials_that_cannot_share_a_pack_are_refused(quiet, synthetic):
     with pytest.raises(ValueError, match="these differ: epochs"):
         Pack([MIXED[0], dataclasses.replace(MIXED[1], epochs=3)], synthetic, quiet)

@@ -283,6 +283,12 @@ def train_epoch(model, split: TokenizedSplit, rows, cfg: FinetuneConfig, optimiz
     return EpochStats(float(torch.stack(losses).mean()), flops, int(clipped))
 
 
+def finite_weights(model: torch.nn.Module) -> bool:
+    # Sums: a nan or inf weight makes its tensor's sum one, at a tenth of isfinite's time (no mask); a sum of
+    # finite weights overflows only past 3e38, which no model that still computes holds.
+    return bool(torch.isfinite(torch.stack([p.detach().sum() for p in model.parameters()])).all())
+
+
 @dataclasses.dataclass
 class Progress:
     """A run's figures so far: what each epoch adds to, a checkpoint saves and a resumed run starts from."""
@@ -438,7 +444,9 @@ def finetune(
         progress.train_seconds += time.perf_counter() - tick
         progress.flops += stats.flops
         progress.clipped_steps += stats.clipped_steps
-        status = "ok" if math.isfinite(stats.loss) else "diverged"  # then its dev metric would mean nothing
+        # Then its dev metric would mean nothing. An epoch's last update can leave inf or nan weights after a
+        # finite loss (a non-finite gradient, an overflowing step), which no loss of this epoch shows.
+        status = "ok" if math.isfinite(stats.loss) and finite_weights(model) else "diverged"
 
         tick, metrics = time.perf_counter(), {}
         if status == "ok" and evaluated_at(epoch, cfg):

@@ -1384,6 +1384,12 @@ class Pack:
         if self.graphs is None:
             self.free_gradients()
 
+    def finite_weights(self) -> np.ndarray:
+        """Per member, whether its weights are all finite: an epoch's last update can leave inf or nan weights
+        after a finite loss, which then only an evaluation (of a constant guess) would meet. A row's sum is
+        non-finite if any of its weights is, at a tenth of isfinite's cost."""
+        return torch.isfinite(sum(bank.sum(1) for bank in self.banks)).cpu().numpy()
+
     def free_training_state(self) -> None:
         """Gradients and Adam's moments given back: after the last step, the evaluation has the memory."""
         self.free_gradients()
@@ -2026,7 +2032,7 @@ class Trainer:
             position.seconds += (time.perf_counter() - tick) / P  # an evaluation that fails keeps it
             train_share = position.seconds
             running = np.array([ledger.running for ledger in run.ledgers])
-            diverging = running & ~np.isfinite(losses)
+            diverging = running & ~(np.isfinite(losses) & pack.finite_weights())
             epoch, last = position.epoch, position.epoch == cfg.epochs
             tick = time.perf_counter()
             metrics = [{} for _ in range(P)]
