@@ -49,6 +49,12 @@ DEVICES = ("cpu", "a10g", "a100", "h100", "h200", "l4", "l40s", "t4", "v100")
 # been assumed before. Unfused trials on a GPU run far lower (0.001-0.002 for a pack of 1 or the Trainer peer
 # there): the default is --pack auto's.
 DEFAULT_MFU = {"cpu": 0.44, "gpu": 0.022}
+# An fp32 trial on a GPU (or bf16 on a card without bf16 tensor cores), of which no row has been measured: its
+# matmuls run at the fp32 peak, 1/r = 14.8x slower on an H100, while the rest of a step (the update's memory
+# traffic over fp32 master weights) stays. So from bf16's measured m = 0.022 and a matmul efficiency e:
+# 1 / (r / m + (1 - r) / e) of the fp32 peak, 0.08-0.14 for e = 0.11-0.23 (the projection's model FLOPs took 3-6
+# minutes of the grid's 30), where bf16's default would have said 0.022: 4-6x the time. Derived, not measured.
+DERIVED_FP32_GPU_MFU = 0.1
 PRIOR_ROWS = 4
 # Seconds once per sweep (Ray's start, loading and tokenizing the tasks, loading the weights) and per trial
 # outside its own clock (its Ray actor, its row), on this VM (docs/benchmarks.md); a second stage of a
@@ -202,15 +208,17 @@ def rate_for(device: str, rows: pd.DataFrame | None, model: str, cpus_per_trial:
         where = f"{flops_per_second(peak)}, {key}'s data-sheet dense {'fp32' if emulated else precision} peak"
         if emulated:
             where += " (no bf16 tensor cores: bf16 runs at fp32's rate)"
-    default = DEFAULT_MFU["cpu" if device == "cpu" else "gpu"]
+    default, stated = DEFAULT_MFU["cpu" if device == "cpu" else "gpu"], "the stated default"
+    if device != "cpu" and (precision == "fp32" or emulated):
+        default, stated = DERIVED_FP32_GPU_MFU, "the default derived for fp32 from bf16's (no fp32 GPU run measured)"
     if measured:
         mfu = blended_mfu(measured[0], measured[2], default)
         source = (f"MFU {mfu:.3f}: the FLOPs over the wall seconds of the store's {measured[3]} on {device} "
-                  f"({measured[0]:.3f} against their {flops_per_second(measured[1])} peak), weighed against the stated "
-                  f"default {default:g} as {PRIOR_ROWS} rows")
+                  f"({measured[0]:.3f} against their {flops_per_second(measured[1])} peak), weighed against {stated} "
+                  f"{default:g} as {PRIOR_ROWS} rows")
     else:
         mfu = default
-        source = f"MFU {mfu:g}, the stated default (no finished row on {device} in the store)"
+        source = f"MFU {mfu:g}, {stated} (no finished row on {device} in the store)"
     return Rate(device, peak, mfu, slots, f"{where}; {source}", overhead=trial_overhead(device), share=share)
 
 

@@ -9,8 +9,8 @@ import pytest
 
 from sweep.cli import main
 from trainables.cost import cpu_peak
-from sweep.estimate import (DEFAULT_MFU, PRIOR_ROWS, Rate, device_hours, device_kind, measured_mfu, observed_slots, rate_for, schedule_seconds,
-                            sweep_seconds, trial_flops)
+from sweep.estimate import (DEFAULT_MFU, DERIVED_FP32_GPU_MFU, PRIOR_ROWS, Rate, device_hours, device_kind,
+                            measured_mfu, observed_slots, rate_for, schedule_seconds, sweep_seconds, trial_flops)
 
 
 def test_the_estimates_arithmetic():
@@ -98,3 +98,15 @@ def test_a_dry_run_prints_each_trials_flops_and_the_cost_on_a_named_device(tiny_
     assert "stage 2 expected: not known for 2 of 2 conditions until their pilots are in" in out
     assert "core-hours" in out
     assert not any(tmp_path.iterdir()), "a dry run writes nothing"
+
+
+@pytest.mark.parametrize("device, precision", [("h100", "fp32"), ("v100", "bf16")])
+def test_an_fp32_gpu_estimate_without_rows_uses_a_default_derived_for_fp32(device, precision):
+    # bf16's measured 0.022 of the fp32 peak had priced an fp32 H100 sweep at 15x bf16's time: the update's
+    # memory traffic, most of a bf16 step, does not slow down with the matmuls
+    fp32 = rate_for(device, None, "m", cpus_per_trial=1, precision=precision)
+    assert fp32.mfu == DERIVED_FP32_GPU_MFU and "derived for fp32" in fp32.source
+    bf16 = rate_for("h100", None, "m", cpus_per_trial=1, precision="bf16")
+    assert bf16.mfu == DEFAULT_MFU["gpu"] and "stated default" in bf16.source
+    if device == "h100":
+        assert 3 < (bf16.mfu * bf16.peak) / (fp32.mfu * fp32.peak) < 7
