@@ -673,7 +673,7 @@ def precision_sweep(planned, sweep, argv, folder, num_layers: int, callbacks=())
                             folder, raw)
     finally:
         ray_session.close()
-    rows, code = report(folder, {s.trial_id for s in [*pilot, *second]}, end_table)
+    rows, code = report(folder, {s.trial_id for s in [*pilot, *second]}, lambda found: end_table(found, target))
     return rows, None, code
 
 

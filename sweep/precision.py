@@ -18,6 +18,7 @@ import pandas as pd
 
 from sweep.grid import TrialSpec
 from trialrows.precision import MEAN, PAIRED, PILOT, Target, expected_trials, precision_outcomes, precision_table
+from trialrows.read import FINISHED
 
 DEFAULT_PILOT, DEFAULT_MAX_TRIALS = 5, 50
 # What the end of a precision-targeted sweep prints per condition (beside its condition columns).
@@ -75,8 +76,15 @@ def planned_frame(specs: list[TrialSpec], stored: pd.DataFrame | None = None) ->
     results = ["status", "dev_metric", "finished_at"]
     if stored is None or stored.empty or "status" not in stored:
         return frame.assign(**{c: None for c in results})
-    held = stored[["trial_id", *[c for c in results if c in stored]]].drop_duplicates("trial_id")
-    return frame.merge(held, on="trial_id", how="left")
+    held = stored[["trial_id", *[c for c in results if c in stored]]]
+    if "settings_id" in stored:
+        # A spec without fingerprints (a dry run reads no data or weights) is its settings: the rows that ran
+        # them hold its results under their fingerprinted ids, as a dry run counts done trials (estimate.done_ids).
+        loose = {s.trial_id for s in specs if s.data_fingerprint is None and s.model_fingerprint is None}
+        alias = stored[stored["settings_id"].isin(loose)].assign(trial_id=lambda r: r["settings_id"])
+        alias = alias.sort_values("status", key=lambda s: ~s.isin(FINISHED), kind="stable")  # a finished one first
+        held = pd.concat([held, alias[held.columns]], ignore_index=True)
+    return frame.merge(held.drop_duplicates("trial_id"), on="trial_id", how="left")
 
 
 def paired_problems(specs: list[TrialSpec], target: Target) -> list[str]:
@@ -89,8 +97,11 @@ def paired_problems(specs: list[TrialSpec], target: Target) -> list[str]:
     frame = groupable(planned_frame([s for s in specs if s.trial_index == 0]))
     full = full_model_mask(frame)
     if not full.any():
+        pooler = "reinit_pooler" in frame and frame["reinit_pooler"].eq(True).all()
+        how = ("--reinit-pooler resets the pooler in every condition, k = L too: drop it, or give --target-on mean"
+               if pooler else "incremental: include k = L in --k")
         return [f"--target-on: paired needs the full model (nothing reset) in the grid, to pair each condition with; "
-                f"this {specs[0].experiment} grid has none (incremental: include k = L in --k)"]
+                f"this {specs[0].experiment} grid has none ({how})"]
     on = [c for c in computation_columns(frame) if frame[c].notna().any()]
     keys = frame.loc[full, on].drop_duplicates()
     alone = frame.loc[~full, on].merge(keys, on=on, how="left", indicator=True)["_merge"].eq("left_only").sum()
@@ -190,8 +201,12 @@ def stage_two_text(table: pd.DataFrame, second: list, todo: list, target: Target
     return text
 
 
-def end_table(rows: pd.DataFrame) -> pd.DataFrame:
-    """What the sweep prints when it ends: per condition, its count, Stein's interval and whether it reached W."""
+def end_table(rows: pd.DataFrame, target: Target | None = None) -> pd.DataFrame:
+    """What the sweep prints when it ends: per condition, its count, Stein's interval and whether it reached W.
+    `target`: the sweep's, for every one of its trials (`rows`); a trial an earlier sweep had already finished
+    carries that sweep's target, or none, in its row, yet this sweep planned its conditions with its own."""
+    if target is not None and len(rows):
+        rows = rows.assign(**target.columns())
     table = precision_table(rows)
     keep = [c for c in table.columns if c not in SHOWN and c not in ("pilot_trials", "max_trials", "pilot_sd",
                                                                      "reached") and table[c].nunique(dropna=False) > 1]

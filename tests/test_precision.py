@@ -115,8 +115,9 @@ def test_expected_count_is_the_mean_of_n_over_the_pilot_spread():
 # --- the driver's second stage ---------------------------------------------------------------------------------
 
 
-def grid(k=(0, 2, 4), max_trials=8, target=None):
-    settings = GridSettings.of(model="m", tasks=("sst2",), sizes=(500,), trials=((0, max_trials),), data_dir="/x", k=k)
+def grid(k=(0, 2, 4), max_trials=8, target=None, **options):
+    settings = GridSettings.of(model="m", tasks=("sst2",), sizes=(500,), trials=((0, max_trials),), data_dir="/x", k=k,
+                               **options)
     specs = EXPERIMENTS["incremental"].build(settings, 4, 4)
     return targeted(specs, target) if target else specs
 
@@ -272,3 +273,53 @@ def test_a_resumed_precision_sweep_runs_no_trial_twice(ray_local, tiny_bert, glu
     text = status(str(tmp_path), "p")
     assert "precision targets" in text and "max-trials" in text and "stopped at --max-trials 4" in text
     assert "remaining: nothing planned is left to run" in text
+
+
+def test_two_seeds_in_one_store_are_not_one_stein_sample():
+    from analysis.stats import condition_table
+
+    target = Target(0.02, pilot=3, max_trials=8)
+    first = stored(grid(k=(4,), target=target), {(4, i): v for i, v in enumerate([0.70, 0.71, 0.72, 0.70, 0.715])})
+    other = stored(grid(k=(4,), target=target, seed=1), {(4, i): v for i, v in enumerate([0.60, 0.61, 0.62])})
+    rows = pd.concat([first, other.assign(finished_at="2026-11-24T02:00:00+0000")], ignore_index=True)
+    # Keyed by index, the second sweep's three trials had stood for the first's indices 0..2: all eight count.
+    summary = condition_table(rows).iloc[0]
+    assert summary["n"] == 8 and summary["mean"] == pytest.approx(rows["dev_metric"].mean())
+    assert summary["ci95_high"] - summary["mean"] == pytest.approx(
+        stats.t.ppf(0.975, 7) * rows["dev_metric"].std(ddof=1) / math.sqrt(8))
+    line = precision_table(rows).iloc[0]
+    assert line["state"] == "mixed seeds" and line["trials"] == 8 and "--seed" in line["note"]
+
+
+def test_a_dry_run_plans_stage_two_from_pilots_that_ran_with_fingerprints():
+    import dataclasses
+
+    target = Target(0.02, pilot=3, max_trials=8)
+    specs = grid(k=(0, 4), target=target)  # a dry run's: it reads no data or weights, so no fingerprints
+    ran = [dataclasses.replace(s, data_fingerprint="d" * 16, model_fingerprint="m" * 16) for s in specs]
+    values = {(0, i): v for i, v in enumerate([0.50, 0.56, 0.53])} | {(4, i): 0.8 for i in range(3)}
+    second, table, _, _ = stage_two(specs, stored(ran, values), target)
+    assert list(table["state"]) == [STAGE_TWO, REACHED]
+    assert sorted((s.k, s.trial_index) for s in second) == [(0, i) for i in range(3, 8)]
+    # A real run's specs carry their fingerprints: rows of other data or weights are other trials.
+    mine = [dataclasses.replace(s, data_fingerprint="e" * 16, model_fingerprint="m" * 16) for s in specs]
+    assert set(stage_two(mine, stored(ran, values), target)[1]["state"]) == {PILOT}
+
+
+def test_the_end_table_plans_with_the_sweeps_target_over_rows_an_earlier_sweep_finished():
+    from sweep.precision import end_table
+
+    target = Target(0.02, pilot=3, max_trials=8)
+    values = {(k, i): v for k in (0, 4) for i, v in enumerate([0.70, 0.71, 0.72, 0.70, 0.715])}
+    rows = stored(grid(k=(0, 4)), values)  # a fixed-count sweep's rows: no target in them
+    second, _, _, _ = stage_two(grid(k=(0, 4), target=target), rows, target)
+    assert len(second) == 4  # indices 3 and 4 of both: done already, so the precision sweep ran nothing
+    table = end_table(rows, target)
+    assert list(table["state"]) == [REACHED, REACHED] and list(table["needed"]) == [5, 5]
+
+
+def test_a_paired_target_with_the_pooler_reset_says_why_no_condition_is_the_full_model():
+    target = Target(0.02, on=PAIRED, pilot=3, max_trials=8)
+    problems = paired_problems(grid(target=target, reinit_pooler=True), target)
+    assert len(problems) == 1 and "--reinit-pooler resets the pooler in every condition" in problems[0]
+    assert "include k = L" in paired_problems(grid(k=(0, 2), target=target), target)[0]

@@ -22,7 +22,9 @@ the largest count of the conditions paired with it.
 
 Trials that diverge give no value (they are counted, never averaged): a condition with fewer values than N
 has a wider interval than W and says so. A pilot is complete when each of its indices has a finished row
-(ok or diverged); a failed trial (error) is rerun by the next sweep, so its condition waits for it.
+(ok or diverged); a failed trial (error) is rerun by the next sweep, so its condition waits for it. Rows of
+sweeps with different `--seed` (other trials at the same indices) in one condition are no single two-stage
+sample: such a condition says so (`mixed seeds`) and keeps the ordinary interval.
 """
 from __future__ import annotations
 
@@ -42,8 +44,8 @@ MEAN, PAIRED = "mean", "paired"
 # trial was planned, never as settings: the same trial index is the same trial whatever the target).
 PLAN_COLUMNS = ("target_ci", "target_on", "pilot_trials", "max_trials")
 # States of a targeted condition.
-PILOT, STAGE_TWO, REACHED, CAPPED, SHORT, NO_SPREAD, REFERENCE = (
-    "pilot", "stage 2", "reached", "max-trials", "short", "no spread", "reference")
+PILOT, STAGE_TWO, REACHED, CAPPED, SHORT, NO_SPREAD, REFERENCE, MIXED = (
+    "pilot", "stage 2", "reached", "max-trials", "short", "no spread", "reference", "mixed seeds")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,6 +198,13 @@ def precision_outcomes(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.Series]:
         target = Target.of_row(newest)
         if target is None:
             continue
+        condition = dict(zip(by, key if isinstance(key, tuple) else (key,)))
+        if not (target.on == PAIRED and full.loc[group.index].all()) and (series := _series(group)) > 1:
+            # Index i of two sweeps with different --seed is two trials: keyed by index, one would silently
+            # stand for the other. No single two-stage sample: its rows keep the tables' ordinary interval.
+            records.append({**condition, **_line(target, None), **_mixed(series, group, finished, value)})
+            members.append(group.index[:0])
+            continue
         if target.on == PAIRED and full.loc[group.index].all():
             references[len(records)] = group  # the full model: as many indices as its partners need
             result = None
@@ -204,7 +213,7 @@ def precision_outcomes(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.Series]:
         else:
             result = outcome({int(i): float(v) for i, v, f in zip(group["trial_index"], value.loc[group.index],
                                                                  finished.loc[group.index]) if f}, target)
-        records.append({**dict(zip(by, key if isinstance(key, tuple) else (key,))), **_line(target, result)})
+        records.append({**condition, **_line(target, result)})
         members.append(group.index)
     for position, group in references.items():
         records[position].update(_reference_line(rows, group, records, members, finished))
@@ -230,6 +239,22 @@ def _line(target: Target, result: Outcome | None) -> dict:
     return {**line, "pilot_sd": result.pilot_sd, "needed": result.needed, "trials": result.trials,
             "values": result.values, "mean": result.mean, "ci95_low": result.low, "ci95_high": result.high,
             "half_width": result.half_width, "reached": result.reached, "state": result.state, "note": result.note}
+
+
+def _series(group: pd.DataFrame) -> int:
+    """How many different trials (seeds) the condition's rows hold at one trial index, at most."""
+    seeds = [c for c in ("subset_seed", "seed") if c in group.columns]
+    if not seeds:
+        return 1
+    counts = group[["trial_index", *seeds]].drop_duplicates()["trial_index"].value_counts()
+    return int(counts.max()) if len(counts) else 1
+
+
+def _mixed(series: int, group, finished, value) -> dict:
+    return {"trials": int(finished.loc[group.index].sum()), "values": int(value.loc[group.index].notna().sum()),
+            "state": MIXED, "note": f"{series} different trials at one trial index (sweeps with different --seed): no "
+                                    "single two-stage sample, so no Stein interval (the tables give the t-interval "
+                                    "of all its trials)"}
 
 
 def _differences(reference, group, finished, value) -> dict[int, float]:
