@@ -166,3 +166,16 @@ def test_real_sweep_on_the_shared_slices(ray_local, tiny_bert, squad_dir, tmp_pa
 
     exact = condition_table(rows.reset_index(), value="dev_exact").set_index("k")["mean"]
     assert exact.to_dict() == pytest.approx(rows["dev_exact"].to_dict())
+
+
+@pytest.mark.parametrize("family", ["roberta", "xlm-roberta"])
+def test_span_and_classifier_encoders_hand_over_for_sequential_finetuning(tiny_family, family):
+    # Sequential finetuning loads one task's encoder into the other's (strictly): a RoBERTa span model with the
+    # bare model's pooler, which the RoBERTa classifier lacks, crashed squad_v2 first or last.
+    from trainables.models import build_classifier
+    from trainables.qa import build_span_model
+
+    pretrained = load_pretrained(tiny_family(family))
+    span, classifier = build_span_model(pretrained, 0), build_classifier(pretrained, 2, 0)
+    span.base_model.load_state_dict(classifier.base_model.state_dict())
+    classifier.base_model.load_state_dict(span.base_model.state_dict())

@@ -189,15 +189,22 @@ class SpanLogits:
 
 
 class SpanModel(nn.Module):
-    """An encoder (`base_model`, the same module a sequence classifier has, pooler included, so surgery and
+    """An encoder (`base_model`, the same module a sequence classifier has, its pooler or none, so surgery and
     sequential finetuning treat both alike) and a linear start/end head on its last hidden states."""
 
     def __init__(self, config):
-        from transformers import AutoModel
+        from transformers import AutoModel, AutoModelForSequenceClassification
 
         super().__init__()
         self.config = config
         self.base_model = AutoModel.from_config(config)
+        # RoBERTa-style classifiers build their encoder without the pooler a bare model has. Dropped here too (after
+        # its draw, so the head's draw is unchanged), else sequential finetuning's strict hand-over of the encoder
+        # between this model and a classifier fails on the pooler's keys.
+        with torch.device("meta"):
+            classifier_encoder = AutoModelForSequenceClassification.from_config(copy.deepcopy(config)).base_model
+        if getattr(classifier_encoder, "pooler", None) is None and getattr(self.base_model, "pooler", None) is not None:
+            self.base_model.pooler = None
         self.qa_outputs = nn.Linear(int(config.hidden_size), 2)
         nn.init.normal_(self.qa_outputs.weight, std=float(getattr(config, "initializer_range", 0.02)))
         nn.init.zeros_(self.qa_outputs.bias)
