@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from ray.air.integrations.mlflow import MLflowLoggerCallback
+from ray.air.integrations.wandb import WandbLoggerCallback
 
 from sweep.checks import Refused
 from sweep.runner import planned_members
@@ -19,15 +20,13 @@ def tracker_callbacks(sweep) -> list:
     callbacks = []
     for name in sweep.run.logger or ():
         if name == "wandb":
-            from ray.air.integrations.wandb import WandbLoggerCallback
-
             folder = sweep_dir(sweep.run.storage, sweep.name)
             options = {"dir": str(folder)} if isinstance(location(sweep.run.storage), Path) else {}
             if options:
                 Path(folder).mkdir(parents=True, exist_ok=True)
             if os.environ.get("WANDB_MODE"):  # the logging actors run in Ray's workers, started with their own env
                 options["mode"] = os.environ["WANDB_MODE"]
-            callbacks.append(WandbLoggerCallback(project=sweep.name, log_config=True, **options))
+            callbacks.append(SweepWandbLoggerCallback(project=sweep.name, log_config=True, **options))
         elif name == "mlflow":
             uri = os.environ.get("MLFLOW_TRACKING_URI")
             callbacks.append(SweepMLflowLoggerCallback(tracking_uri=uri or mlflow_store(sweep),
@@ -52,7 +51,46 @@ def mlflow_store_problem(storage) -> str | None:
             "MLFLOW_TRACKING_URI to an MLflow server (or a local folder)")
 
 
-class SweepMLflowLoggerCallback(MLflowLoggerCallback):
+class TrainedTrialsOnly:
+    """A tracker's runs are the trials that train: a rerun search's landed trials replay their stored figures
+    (reports marked `replayed`) for its searcher, and each would have been logged as a new run, a second time. So a
+    trial's run starts with its first report that is not a replay; one that ends without any report still gets
+    its run (a trial that failed at once)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.unstarted, self.replays = set(), set()
+
+    def start_run(self, trial) -> None:
+        super().log_trial_start(trial)
+
+    def log_trial_start(self, trial):
+        self.unstarted.add(trial)
+
+    def log_trial_result(self, iteration, trial, result):
+        if result.get("replayed"):
+            self.replays.add(trial)
+            return
+        if trial in self.unstarted:
+            self.unstarted.discard(trial)
+            self.start_run(trial)
+        super().log_trial_result(iteration, trial, result)
+
+    def log_trial_end(self, trial, failed=False):
+        if trial in self.replays and trial in self.unstarted:
+            self.unstarted.discard(trial)
+            return
+        if trial in self.unstarted:
+            self.unstarted.discard(trial)
+            self.start_run(trial)
+        super().log_trial_end(trial, failed)
+
+
+class SweepWandbLoggerCallback(TrainedTrialsOnly, WandbLoggerCallback):
+    pass
+
+
+class SweepMLflowLoggerCallback(TrainedTrialsOnly, MLflowLoggerCallback):
     """Each Tune trial's params are its row's settings (a pack's: those its members share, and pack_size), not
     the whole Tune config, whose pack members would overflow MLflow's limit on a param's length."""
 
@@ -67,11 +105,11 @@ class SweepMLflowLoggerCallback(MLflowLoggerCallback):
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         super().setup(*args, **kwargs)
 
-    def log_trial_start(self, trial):
+    def start_run(self, trial) -> None:
         config = trial.config
         try:
             trial.config = trial_params(config["trial"])
-            super().log_trial_start(trial)
+            super().start_run(trial)
         finally:
             trial.config = config
 

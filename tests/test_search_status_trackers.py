@@ -180,3 +180,34 @@ def test_a_plan_written_by_hand_without_a_time_zone_sorts_with_the_others(tmp_pa
     (folder / sweep.status.PLANS / "by-hand.json").write_text(json.dumps(hand))
     plans = sweep.status.read_plans(str(folder))
     assert [p["command"] for p in plans][-1] == hand["command"]  # read as UTC: the newest
+
+
+def test_a_tracker_logs_no_run_for_a_rerun_searchs_replayed_trials(tmp_path, monkeypatch):
+    # Each landed trial of a rerun search replays its stored figures to the searcher: MLflow (and W&B) had logged
+    # each as one more run, so every rerun doubled the landed trials in the tracker
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+    from ray.tune.experiment import Trial
+
+    from sweep.trackers import tracker_callbacks
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    specs = EXPERIMENTS["lr-multipliers"].build(GridSettings.of(model="m", tasks=("synthetic",), sizes=(40,)), 4, 4)
+    (callback,) = tracker_callbacks(configure("lr-multipliers", storage=str(tmp_path), name="ml", logger=["mlflow"]))
+    callback.setup()
+    replayed, trained, failed = (Trial("t", config={"trial": specs[0].to_config()}, stub=True) for _ in range(3))
+    for trial in (replayed, trained, failed):
+        callback.log_trial_start(trial)
+    for epoch in (1, 2):
+        callback.log_trial_result(epoch, replayed, {"epoch": epoch, "training_iteration": epoch, "replayed": True})
+        callback.log_trial_result(epoch, trained, {"epoch": epoch, "training_iteration": epoch, "dev_metric": 0.5})
+    callback.log_trial_end(replayed)
+    callback.log_trial_end(trained)
+    callback.log_trial_end(failed, failed=True)
+
+    client = MlflowClient(tracking_uri=(tmp_path / "ml" / "mlruns").as_uri())
+    runs = client.search_runs([client.get_experiment_by_name("ml").experiment_id])
+    assert sorted(run.info.status for run in runs) == ["FAILED", "FINISHED"]
+    (done,) = [run for run in runs if run.info.status == "FINISHED"]
+    assert [m.step for m in client.get_metric_history(done.info.run_id, "dev_metric")] == [1, 2]
