@@ -26,7 +26,7 @@ from sweep.fingerprints import reconcile, stored_fingerprints, with_fingerprints
 from sweep.data import load_raw_tasks, prepare_data  # noqa: F401  (prepare_data: read from here by tests)
 from sweep.grid import TrialSpec
 from sweep.lock import sweep_lock
-from sweep.precision import grid_settings, option_problems
+from sweep.precision import grid_settings, option_problems, target_of
 from sweep.status import main as status_main
 from sweep.status import record_plan
 from sweep.store import FINISHED, finished_trial_ids, parent, rows_dir, sweep_dir
@@ -518,8 +518,11 @@ def plan(sweep: Sweep, dry_run: bool) -> Planned:
         raise Refused([f"the grid holds no trial ({'; '.join(f'--{k} {v}' for k, v in given.items())}, and "
                        f"{sweep.experiment}'s own options): nothing to run; name cells it can train"])
     if count > MAX_TRIALS:
-        raise Refused([f"--trials: {' '.join(map(trial_word, grid.trials))} make a grid of {count:,} trials; "
-                       f"one sweep plans at most {MAX_TRIALS:,} (split it into several --name)"])
+        target = target_of(sweep)  # a target's grid holds --max-trials indices a cell, whatever --trials says
+        given = (f"--max-trials: {target.max_trials} makes" if target else
+                 f"--trials: {' '.join(map(trial_word, grid.trials))} make")
+        raise Refused([f"{given} a grid of {count:,} trials; one sweep plans at most {MAX_TRIALS:,} (split it into "
+                       "several --name)"])
     pretrained, ray_started = None, False
     try:  # a Ray started here stops with any refusal or error before the plan is handed back
         folder = rows_dir(sweep.run.storage, sweep.name)

@@ -151,6 +151,9 @@ def test_no_option_is_read_by_an_abbreviation(tiny_bert, tmp_path, capsys):
 def test_an_absurd_grid_is_refused_at_once_with_its_size(capsys, tmp_path):
     err = refused(["incremental", "--trials", "10000000"], capsys, tmp_path / "store")
     assert "--trials: 10000000 make a grid of 20,000,000 trials; one sweep plans at most 1,000,000" in err
+    # a precision target's grid is --max-trials indices a cell, whatever --trials says: it had named --trials 3
+    err = refused(["incremental", "--target-ci", "0.02", "--max-trials", "10000000"], capsys, tmp_path / "store")
+    assert "--max-trials: 10000000 makes a grid of 20,000,000 trials; one sweep plans at most 1,000,000" in err
 
 
 @pytest.mark.parametrize("option, message", [
