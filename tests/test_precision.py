@@ -323,3 +323,18 @@ def test_a_paired_target_with_the_pooler_reset_says_why_no_condition_is_the_full
     problems = paired_problems(grid(target=target, reinit_pooler=True), target)
     assert len(problems) == 1 and "--reinit-pooler resets the pooler in every condition" in problems[0]
     assert "include k = L" in paired_problems(grid(k=(0, 2), target=target), target)[0]
+
+
+def test_a_stein_conditions_spread_columns_are_of_its_n_values_not_of_rows_past_them():
+    # Rows past N (an earlier plan of a wider --max-trials, say) are not in Stein's sample: the summary's n, mean
+    # and interval left them out, while its std and ±2 std columns still spread over them around the N's mean
+    from analysis.results import prepare
+    from analysis.stats import condition_table
+
+    specs = grid(target=Target(0.02, pilot=3, max_trials=8))
+    first = [0.70, 0.71, 0.72, 0.70, 0.715]  # s0 0.01: N = 5
+    rows = prepare(stored(specs, {(2, i): v for i, v in enumerate([*first, 0.95, 0.96, 0.97])}))
+    (summary,) = [r for _, r in condition_table(rows).iterrows()]
+    assert summary["n"] == 5 and summary["mean"] == pytest.approx(np.mean(first))
+    assert summary["std"] == pytest.approx(np.std(first, ddof=1))
+    assert summary["mean_plus_2std"] == pytest.approx(np.mean(first) + 2 * np.std(first, ddof=1))

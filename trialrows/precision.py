@@ -110,6 +110,7 @@ class Outcome:
     low: float = float("nan")
     high: float = float("nan")
     note: str = ""
+    std: float = float("nan")  # of the values (ddof 1): the spread the tables' ±2 std columns show
 
     @property
     def half_width(self) -> float:
@@ -146,7 +147,7 @@ def outcome(finished: dict[int, float], target: Target) -> Outcome:
     mean, low, high = stein_interval(values, s0, len(pilot_values), target.confidence)
     result = Outcome(REACHED, needed, needed, uncapped, s0, len(values), mean, low, high,
                      "" if s0 > 0 else "every pilot value is the same: a zero-width interval (the normal model "
-                                       "behind it does not hold)")
+                                       "behind it does not hold)", float(values.std(ddof=1)) if len(values) > 1 else 0.0)
     if result.half_width <= target.half_width * (1 + 1e-9):
         return result
     if uncapped > needed:
@@ -169,7 +170,7 @@ def expected_trials(sigma: float, target: Target, points: int = 2000) -> float:
 # --- from rows -----------------------------------------------------------------------------------------
 
 OUTCOME_COLUMNS = ["target_on", "target_ci", "pilot_trials", "max_trials", "pilot_sd", "needed", "trials",
-                   "values", "mean", "ci95_low", "ci95_high", "half_width", "reached", "state", "note"]
+                   "values", "mean", "std", "ci95_low", "ci95_high", "half_width", "reached", "state", "note"]
 
 
 def targeted(rows: pd.DataFrame) -> bool:
@@ -237,7 +238,8 @@ def _line(target: Target, result: Outcome | None) -> dict:
     if result is None:
         return line
     return {**line, "pilot_sd": result.pilot_sd, "needed": result.needed, "trials": result.trials,
-            "values": result.values, "mean": result.mean, "ci95_low": result.low, "ci95_high": result.high,
+            "values": result.values, "mean": result.mean, "std": result.std, "ci95_low": result.low,
+            "ci95_high": result.high,
             "half_width": result.half_width, "reached": result.reached, "state": result.state, "note": result.note}
 
 

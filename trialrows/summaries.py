@@ -145,6 +145,12 @@ def with_stein_intervals(table: pd.DataFrame, outcomes: pd.DataFrame | None, n: 
     table = table.astype({n: float}) if picked.any() else table
     for mine, theirs in ((n, "values"), (mean, "mean"), ("ci95_low", "ci95_low"), ("ci95_high", "ci95_high")):
         table.loc[picked, mine] = found[theirs].to_numpy(float)
+    if "std" in table:  # the spread of the same N values: rows past N (a wider earlier plan) are not in them
+        table.loc[picked, "std"] = found["std"].to_numpy(float)
+        if "mean_plus_2std" in table:
+            spread = 2 * table.loc[picked, "std"]
+            table.loc[picked, "mean_minus_2std"] = table.loc[picked, mean] - spread
+            table.loc[picked, "mean_plus_2std"] = table.loc[picked, mean] + spread
     table.loc[picked, "note"] = [f"Stein two-stage interval (n0 {int(r.pilot_trials)}, W {r.target_ci:g}): {r.state}"
                                  + (f"; {r.note}" if r.note else "") for r in found.itertuples()]
     return table.drop(columns="_line")
