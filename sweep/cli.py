@@ -217,23 +217,36 @@ def experiment_problems(grid: GridSettings, limits: Limits, experiment: str) -> 
 def cell_problems(sweep: Sweep) -> list[str]:
     """--trials and --skip words that name no cell of the grid, and --sizes that no count covers: each would
     leave cells out of the sweep without a word. (Sizes from --fractions are known once the splits are read:
-    the plan's count of trials catches what those leave empty.)"""
+    the plan asks `uncounted_problems` again then.)"""
     grid, problems = sweep.grid, []
-    if grid.fractions or sweep.run.target_ci is not None:  # a precision target sets every count
+    if sweep.run.target_ci is not None:  # a precision target sets every count
+        return problems
+    problems += uncounted_problems(grid)
+    if grid.fractions:
         return problems
     sizes = ", ".join(map(str, grid.sizes))
     trials, skips = grid.strays()
     if trials and "trials" in sweep.given:
         problems.append(f"--trials: {' '.join(map(trial_word, trials))} names a size not in --sizes ({sizes}); "
                         "give SIZE=COUNT for sizes of the grid, or a count for every size (e.g. 3)")
-    uncounted = [str(s) for s in grid.sizes if not grid.trials_for(s)]
-    if uncounted:
-        problems.append(f"--trials: no count for size {', '.join(uncounted)} (given: "
-                        f"{' '.join(map(trial_word, grid.trials))}); add SIZE=COUNT for it, or a count for every size")
     if skips and "skip" in sweep.given:
         problems.append(f"--skip: {' '.join(f'{t}={n}' for t, n in skips)} is no cell of the grid (tasks "
                         f"{', '.join(grid.tasks)}; sizes {sizes}); give TASK=SIZE of one")
     return problems
+
+
+def uncounted_problems(grid: GridSettings) -> list[str]:
+    """The grid's sizes (those of --fractions once the splits are read) that no --trials word counts."""
+    words = {}
+    for task in grid.tasks:
+        for size in grid.known_sizes(task):
+            fraction = grid.fraction_of(task, size)
+            if not grid.trials_for(size):
+                words.setdefault(size, f"{size} (--fractions {fraction:g} of {task})" if fraction else str(size))
+    if not words:
+        return []
+    return [f"--trials: no count for size {', '.join(words.values())} (given: "
+            f"{' '.join(map(trial_word, grid.trials))}); add SIZE=COUNT for it, or a count for every size"]
 
 
 def ignored_problems(sweep: Sweep) -> list[str]:
@@ -509,7 +522,8 @@ def plan(sweep: Sweep, dry_run: bool) -> Planned:
             splits = {task: len(data.train) for task, data in raw.items()}
         grid = dataclasses.replace(grid, train_split_sizes=tuple((t, splits[t]) for t in tasks if t in splits))
         sweep = dataclasses.replace(sweep, grid=grid)
-        if problems := experiment_problems(grid, limits, sweep.experiment):  # now with the fractions' sizes
+        if problems := (experiment_problems(grid, limits, sweep.experiment)  # now with the fractions' sizes
+                        + (uncounted_problems(grid) if sweep.run.target_ci is None else [])):
             raise Refused(problems)
     count = estimated_trials(sweep, limits)
     if count == 0:  # what is left once --skip, --trials and the experiment's own lists are applied

@@ -199,6 +199,8 @@ def preset_values(experiment: str, preset: str, given) -> tuple[dict, tuple[str,
         values = {n: v for n, v in values.items() if n in WHAT_TO_RUN_ON}
     if "fractions" in given and "sizes" not in given:
         values["sizes"] = []  # fractions replace the preset's sizes; --sizes adds to them
+    if "sizes" in given and "fractions" not in given:
+        values.pop("fractions", None)  # the preset's subsets given as fractions (probing's full splits) go too
     return {n: v for n, v in values.items() if n not in given}, dropped
 
 
@@ -294,6 +296,8 @@ def resolve(experiment: str, given: dict, preset: str | None = None) -> Sweep:
     own = tuple((o.name, values[o.name]) for o in EXPERIMENTS[experiment].options)
     grid = GridSettings(**{o.name: values[o.name] for o in GRID}, own=own)
     run = RunSettings(**{o.name: values[o.name] for o in RUN})
+    # The picks named are those this experiment reads (the demo's --k is incremental's, probing reads no --epochs).
+    dropped = tuple(n for n in dropped if n in options and n not in EXPERIMENTS[experiment].ignores)
     return Sweep(experiment, grid, run, preset, tuple(n for n in fill if n in options), dropped, tuple(read))
 
 

@@ -186,3 +186,37 @@ def test_sequential_sweep(ray_local, tiny_bert, glue_dir, tmp_path):
 def test_fractions_sweep(ray_local, tiny_bert, tmp_path):
     rows = sweep(ray_local, tiny_bert, tmp_path, "incremental", "--k", "4", "--fractions", "0.004")
     assert list(rows["train_size"]) == [20] and list(rows["train_fraction"]) == [0.004]  # 5000 train examples
+
+
+def test_sequential_fractions_beyond_an_intermediate_split_are_refused(tiny_bert, tmp_path, capsys):
+    # Half of SST-2 is 33,674 examples; the cola -> sst2 cell trains on that many CoLA examples first, which
+    # its 8,551 cannot give: refused before any work, not a failed trial.
+    argv = ["sequential", "--model", tiny_bert, "--tasks", "cola", "sst2", "--fractions", "0.5", "--trials", "1",
+            "--storage", str(tmp_path), "--dry-run"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--fractions: 0.5 (sst2: 33674 examples) is larger than the cola train split (8,551 examples)" in err
+    assert main([*argv[:6], "--intermediate-tasks", "sst2", *argv[6:]]) == 0  # sst2 -> cola fits
+
+
+def test_fraction_sizes_without_a_trial_count_are_refused(tiny_bert, tmp_path, capsys):
+    # The synthetic task's 5,000 training examples: 0.01 -> 50, 0.02 -> 100, which no --trials word counts.
+    argv = ["incremental", "--model", tiny_bert, "--tasks", "synthetic", "--fractions", "0.01", "0.02", "--k", "0",
+            "--trials", "50=2", "--storage", str(tmp_path), "--dry-run"]
+    assert main(argv) == 2
+    assert "--trials: no count for size 100 (--fractions 0.02 of synthetic)" in capsys.readouterr().err
+
+
+def test_probing_paper_preset_with_sizes_probes_those_subsets_only(tiny_bert, capsys):
+    # --sizes replaces the preset's subsets (its full training splits), as it does every preset's --sizes.
+    assert main(["probing", "--preset", "paper", "--model", tiny_bert, "--sizes", "500", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "total by size: 500: 120" in out and "--fractions 1.0" not in out
+
+
+def test_the_demo_picks_left_out_name_only_the_experiments_own_settings(tiny_bert, capsys):
+    # The demo's --k is incremental's; localized has no --k and probing reads no --epochs.
+    for experiment in ("localized", "probing"):
+        assert main([experiment, "--model", tiny_bert, "--tasks", "synthetic", "--sizes", "16", "--dry-run"]) == 0
+        picks = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("preset demo"))
+        assert "--trials" in picks and "--k" not in picks and ("--epochs" in picks) == (experiment == "localized")

@@ -352,6 +352,24 @@ def search_problems(grid, limits: Limits) -> list[str]:
     return []
 
 
+def sequential_problems(grid, limits: Limits) -> list[str]:
+    """Sizes from --fractions (known once the splits are read) that an intermediate task's train split cannot
+    give: a cell finetunes on it first at the final task's size (sweep.cli refuses --sizes beyond a split)."""
+    split = dict(grid.train_split_sizes)
+    if not grid.fractions or not split:
+        return []
+    problems = []
+    for task in grid.tasks:
+        for size in grid.sizes_for(task):
+            fraction = grid.fraction_of(task, size)
+            word = f"--fractions: {fraction:g} ({task}: {size} examples)" if fraction else f"--sizes: {size}"
+            problems += [f"{word} is larger than the {first} train split ({split[first]:,} examples), which the "
+                         f"{first} -> {task} cell trains on first at that size (--intermediate-tasks)"
+                         for first in dict.fromkeys(grid.intermediate_tasks or grid.tasks)
+                         if first != task and (task, size) not in grid.skip and size > split.get(first, size)]
+    return list(dict.fromkeys(problems))
+
+
 def size_below(grid, least: int) -> str | None:
     """A subset size of the grid under `least`, as it was given: '--sizes: 1', or '--fractions: 1e-05 (sst2: 1
     examples)' once the train splits are read (the plan checks again then); None if there is none."""
@@ -398,7 +416,8 @@ register(Experiment("heads", heads, "one attention head reinitialized, over laye
                     surgery=("reinit", "head"), ignores=("reinit_pooler",)))
 # From the course reports: the SST-2/CoLA/QNLI matrix at 5k, 3 trials.
 register(Experiment("sequential", sequential, "finetune on an intermediate task, then on the final one",
-                    View((*CELL, "intermediate_task")), (INTERMEDIATE_TASKS,), {"paper": dict(PAPER_5K, trials=["3"])}))
+                    View((*CELL, "intermediate_task")), (INTERMEDIATE_TASKS,), {"paper": dict(PAPER_5K, trials=["3"])},
+                    problems=sequential_problems))
 # Paper appendix E and the original scripts: probes train on each task's full training split, 8 trials per
 # layer (they differ in the held-out carve, the head's draw, dropout and batch order).
 register(Experiment("probing", probing, "the frozen model probed at every layer 0..L (dashed lines of Figure 2)",
