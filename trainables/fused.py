@@ -2026,7 +2026,8 @@ class Trainer:
                 # checkpoint keeps these orders with the streams' state after them
                 orders, streams = pack.orders_ahead()
                 ahead = (orders, streams, pack.plan(orders))
-            losses = torch.stack(position.losses).mean(0).cpu().numpy()
+            # a checkpoint gives back the losses of a half parked mid-epoch in host memory, beside the device's
+            losses = torch.stack([loss.to(pack.compute.device) for loss in position.losses]).mean(0).cpu().numpy()
             pack.compute.synchronize()
             pack.check_replays()
             position.seconds += (time.perf_counter() - tick) / P  # an evaluation that fails keeps it
