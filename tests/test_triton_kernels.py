@@ -205,3 +205,20 @@ def test_on_a_gpu_the_compiled_kernel_is_torchs_update_and_its_cast_torchs():
     for got, want in zip((param, m, v), expected):
         assert float((got - want).norm() / want.norm()) < 1e-6
     assert torch.equal(low, param.bfloat16())
+
+
+def test_a_kernel_that_cannot_compile_on_a_node_says_how_to_run_without_it(monkeypatch):
+    # Triton compiles a kernel at its first launch; a node without a C compiler for its launcher had failed every
+    # pack there with Triton's own error, which names no way round it
+    class Uncompilable:
+        def __getitem__(self, grid):
+            def run(*args, **options):
+                raise RuntimeError("Failed to find C compiler. Please specify via CC environment variable.")
+            return run
+
+    import triton
+
+    monkeypatch.setattr(triton_kernels, "_update_kernel", lambda: (triton, Uncompilable()))
+    weights = [torch.zeros(2, 4) for _ in range(4)]
+    with pytest.raises(RuntimeError, match=rf"adamw_clipped failed to compile.*C compiler.*Set {TRITON}=0"):
+        adamw_clipped(*weights, torch.ones(2), step_scalars(1e-3, torch.tensor(1.0), BETAS), *BETAS, EPS, 0.0)

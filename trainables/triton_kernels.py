@@ -42,6 +42,19 @@ def use_triton(device: torch.device) -> bool:
     return True
 
 
+def launch(name: str, kernel, grid: tuple, *args, **options) -> None:
+    """kernel[grid](...): a kernel compiles at its first launch on a node, and a node that cannot compile it (no C
+    compiler for Triton's launcher, a Triton too old for the card) fails every pack there; the error says how to
+    run the pack without the kernels, as a failed CUDA graph recording does."""
+    try:
+        kernel[grid](*args, **options)
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as error:
+        raise RuntimeError(f"the Triton kernel {name} failed to compile or launch: {type(error).__name__}: "
+                           f"{error}. Set {TRITON}=0 to run torch's ops instead.") from error
+
+
 @functools.cache
 def _update_kernel():
     import triton
@@ -110,10 +123,10 @@ def adamw_clipped(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor
     if rows == 0 or width == 0:
         return
     block = block_for(triton, width)
-    kernel[(rows, triton.cdiv(width, block))](
-        param, grad, exp_avg, exp_avg_sq, low if low is not None else param, coef, scalars,
-        index if index is not None else coef, width, param.stride(0), rows_per_trial, beta1, beta2, eps, decay,
-        WRITE_LOW=low is not None, INDEXED=index is not None, BLOCK=block, num_warps=8)
+    launch("adamw_clipped", kernel, (rows, triton.cdiv(width, block)),
+           param, grad, exp_avg, exp_avg_sq, low if low is not None else param, coef, scalars,
+           index if index is not None else coef, width, param.stride(0), rows_per_trial, beta1, beta2, eps, decay,
+           WRITE_LOW=low is not None, INDEXED=index is not None, BLOCK=block, num_warps=8)
 
 
 @functools.cache
@@ -164,7 +177,7 @@ def dropout_masks(groups: torch.Tensor, keys: torch.Tensor, bound: int, scale: f
         return out
     scale = exact_in(scale, dtype)
     block = block_for(triton, per_key)
-    kernel[(keys.numel(), triton.cdiv(per_key, block))](
-        out, groups.contiguous(), keys.contiguous(), per_key, width, lanes_per_row, bound, scale, mix0, mix1,
-        (1 << 34) - 1, (1 << 37) - 1, (1 << 33) - 1, BLOCK=block, num_warps=4)
+    launch("dropout_masks", kernel, (keys.numel(), triton.cdiv(per_key, block)),
+           out, groups.contiguous(), keys.contiguous(), per_key, width, lanes_per_row, bound, scale, mix0, mix1,
+           (1 << 34) - 1, (1 << 37) - 1, (1 << 33) - 1, BLOCK=block, num_warps=4)
     return out
