@@ -607,7 +607,11 @@ def sequential_figure(rows: pd.DataFrame) -> list[Plot]:
     if table.empty:
         return []
     plots = []
-    for suffix, part, sub in _split(table, ["model", "train_size"], drawn=("final_task", "intermediate_task")):
+    # --fractions: each final task trained on its own size, the same share of its split; one matrix a share
+    fraction = table["train_fraction"] if "train_fraction" in table.columns else pd.Series(np.nan, index=table.index)
+    table = table.assign(_size=table["train_size"], train_size=table["train_size"].where(fraction.isna()))
+    for suffix, part, sub in _split(table, ["model", "train_size", "train_fraction"],
+                                    drawn=("final_task", "intermediate_task")):
         finals = sorted(sub["final_task"].unique(), key=T.task_key)
         inters = sorted(sub["intermediate_task"].unique(), key=T.task_key)
         delta = np.full((len(finals), len(inters)), np.nan)
@@ -633,19 +637,24 @@ def sequential_figure(rows: pd.DataFrame) -> list[Plot]:
                     ax.add_patch(matplotlib.patches.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, linewidth=1.6,
                                                               edgecolor="black"))
         ax.set_xticks(range(len(inters)), [T.TASK_NAMES.get(t, t) for t in inters], fontsize=9)
-        ax.set_yticks(range(len(finals)), [T.TASK_NAMES.get(t, t) for t in finals], fontsize=9)
+        share = sub["train_fraction"].iloc[0] if "train_fraction" in sub.columns else np.nan
+        sizes = sub.groupby("final_task")["_size"].first()
+        ax.set_yticks(range(len(finals)), [T.TASK_NAMES.get(t, t) + ("" if pd.isna(share) else f" ({int(sizes[t]):,})")
+                                           for t in finals], fontsize=9)
         ax.set_xlabel("intermediate task (finetuned first)", fontsize=9)
         ax.set_ylabel("final task", fontsize=9)
         figure.colorbar(image, ax=ax, shrink=0.9).set_label("difference from direct finetuning", fontsize=8.5)
         first = sub.iloc[0]
-        _title(figure, f"Sequential finetuning, {_short('model', first['model'])}, "
-                       f"{int(first['train_size']):,} examples")
+        scale = f"{int(first['train_size']):,} examples" if pd.isna(share) else f"{share:g} of each train split"
+        context = _context(sub, {c: v for c, v in part.items() if c != "train_fraction"})
+        context += "" if pd.isna(share) else f", {scale}"
+        _title(figure, f"Sequential finetuning, {_short('model', first['model'])}, {scale}")
         plots.append(Plot(
             f"sequential-matrix{suffix}", figure,
             "Sequential finetuning: finetune on the intermediate task (column), then on the final task (row). "
             "Cells: mean dev metric of the final task (its own metric) and the number of finished trials; "
             "framed: direct finetuning on the final task; colour: difference from it (blue better, red worse)."
-            + _excluded_note(sub), "sequential_figure", f"Sequential finetuning matrix ({_context(sub, part)})"))
+            + _excluded_note(sub), "sequential_figure", f"Sequential finetuning matrix ({context})"))
     return plots
 
 

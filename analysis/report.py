@@ -81,7 +81,9 @@ TABLES = (
               two_std=True),
     TableSpec("layernorm", "Preserved LayerNorm (Figure 8)", T.layernorm_table, two_std=True),
     TableSpec("weight-distance", "Weight change by layer", T.weight_distance_table,
-              note="Frobenius distance between pretrained and finetuned weights per layer (weight_layer)."),
+              note="Frobenius distance per layer (weight_layer: positions, after a permutation) between the weights "
+                   "where finetuning started (after the surgery; sequential rows: after the intermediate task) and "
+                   "where it ended."),
     TableSpec("sequential-matrix", "Sequential finetuning: final task x intermediate task", T.sequential_matrix,
               "matrix", note="Mean dev metric of the final task (row) after finetuning on the intermediate task "
                              "(column) first; the diagonal is direct finetuning."),

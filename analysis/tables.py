@@ -520,6 +520,8 @@ def sequential_table(rows: pd.DataFrame) -> pd.DataFrame:
     picked = of(rows, "sequential")
     if picked.empty:
         return pd.DataFrame(columns=[*by, *SUMMARY_COLUMNS, "direct", "delta"])
+    # --fractions: each final task at its own size, the same share; the figure draws one matrix a share
+    by += ["train_fraction"] if "train_fraction" in picked.columns else []
     picked = picked.assign(final_task=picked["task"],
                            intermediate_task=_col(picked, "intermediate_task").astype(object).where(
                                _col(picked, "intermediate_task").notna(), picked["task"]))
@@ -541,8 +543,10 @@ def sequential_matrix(rows: pd.DataFrame) -> pd.DataFrame:
     # one block of rows per model, size and any setting that splits the rows (sequential_table's cells)
     index = [c for c in table.columns if c not in (*SUMMARY_COLUMNS, "intermediate_task", "metric_name", "direct",
                                                    "delta")]  # model, train_size, final_task, then the settings
-    matrix = table.pivot_table(index=index, columns="intermediate_task", values="mean", aggfunc="first",
-                               dropna=False)
+    # the cells that ran only: a pivot's product of sizes and tasks adds blank rows where sizes differ by task
+    # (--fractions) or by model, or a cell was skipped
+    matrix = table.groupby([*index, "intermediate_task"], dropna=False, sort=False)["mean"].first().unstack(
+        "intermediate_task")
     order = sorted(matrix.columns, key=task_key)
     matrix = matrix[order]
     setting = lambda v: (0, v, "") if isinstance(v, (int, float, np.number)) else (1, 0, str(v))  # noqa: E731
@@ -552,8 +556,10 @@ def sequential_matrix(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def weight_distance_table(rows: pd.DataFrame) -> pd.DataFrame:
-    """Frobenius distance between pretrained and finetuned weights, per layer (`weight_layer`, 1..L), for
-    every condition whose rows carry `weight_distance`."""
+    """Frobenius distance between each layer's weights where finetuning started (after the surgery: a
+    reinitialized layer's fresh draw; for sequential rows, after the intermediate task) and where it ended, per
+    layer (`weight_layer`, 1..L: positions, after a permutation), for every condition whose rows carry
+    `weight_distance`."""
     if "weight_distance" not in rows.columns:
         return pd.DataFrame(columns=["experiment", "task", "weight_layer", *SUMMARY_COLUMNS])
     carrying = rows[rows["weight_distance"].map(lambda v: len(as_list(v)) > 0)]

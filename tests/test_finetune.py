@@ -72,3 +72,26 @@ def test_a_model_left_with_non_finite_weights_is_diverged_though_its_loss_was_fi
     assert math.isfinite(reports[0]["train_loss"])
     assert [r["status"] for r in reports] == ["diverged"] and result["epoch"] == 1
     assert "dev_metric" not in result and result["dev_metrics_by_epoch"] == []
+
+
+def test_a_sequential_matrix_over_fractions_has_a_row_per_final_task_and_one_figure():
+    # --fractions gives each final task its own share of its own train split, so its own train_size. The matrix
+    # was the product of every size with every final task (rows of nothing but blanks, cola "at" sst2's size),
+    # and the figure one single-row strip per final task instead of the task x task matrix.
+    import pandas as pd
+
+    from analysis import figures as F
+    from analysis import tables as T
+    from analysis.results import prepare
+
+    sizes = {"sst2": 673, "cola": 86}
+    rows = prepare(pd.DataFrame([
+        {"trial_id": f"{task}-{via}-{t}", "experiment": "sequential", "task": task, "model": "m", "data_source": "hub",
+         "train_size": sizes[task], "train_fraction": 0.01, "trial_index": t, "subset_seed": t, "seed": t,
+         "reinit_layers": [], "epochs": 3, "lr": 2e-5, "intermediate_task": None if via == task else via,
+         "status": "ok", "metric_name": "accuracy", "dev_metric": 0.6 + 0.1 * (via == "cola") + 0.01 * t}
+        for task in sizes for via in sizes for t in range(2)]))
+    matrix = T.sequential_matrix(rows)
+    assert len(matrix) == 2 and matrix.notna().all().all()
+    (plot,) = F.sequential_figure(rows)
+    assert "0.01" in plot.title
