@@ -16,11 +16,10 @@ import hashlib
 # in 0.08 s of the machine, a pack of 2 on both threads in 0.10 s. Packs of one also land each row as it ends.
 AUTO_PACK_CPU = 1
 # --pack auto on GPUs: a Tune trial holds GPU_PACKS_PER_TRIAL groups of as many trials as fit in the free
-# memory of the card with the least (trainables.fused.trials_that_fit, at its measured bytes a parameter), at
-# most AUTO_PACK_MAX a group: one group trains while the next is set up, so the card waits on no setup but the
+# memory of the card with the least (trainables.fused.group_size, at its measured bytes a parameter, at most
+# MAX_GROUP): one group trains while the next is set up, so the card waits on no setup but the
 # first. The trainable sizes its groups again from its own card's free memory.
 GPU_PACKS_PER_TRIAL = 3
-AUTO_PACK_MAX = 64
 
 
 def parse_pack(value: str) -> int | str:
@@ -35,10 +34,11 @@ def parse_pack(value: str) -> int | str:
 
 
 def memory_sized_pack(gpu_memory_bytes: int, parameters: int) -> int:
-    """The most trials of `parameters` each that fit in `gpu_memory_bytes` free (1..AUTO_PACK_MAX)."""
-    from trainables.fused import trials_that_fit
+    """The most trials of `parameters` each that fit in `gpu_memory_bytes` free (1..MAX_GROUP), as the trainable
+    sizes its groups on its own card."""
+    from trainables.fused import MAX_GROUP, group_size
 
-    return min(AUTO_PACK_MAX, trials_that_fit(gpu_memory_bytes, parameters))
+    return group_size(MAX_GROUP, gpu_memory_bytes, parameters)
 
 
 def resolve_pack(pack: int | str, gpus_per_trial: float, parameters: int) -> tuple[int, bool]:

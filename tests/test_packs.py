@@ -11,8 +11,8 @@ import pytest
 from analysis.results import read_results
 from sweep.cli import main
 from sweep.experiments import EXPERIMENTS, GridSettings
-from sweep.packs import AUTO_PACK_MAX, group_into_packs, members, memory_sized_pack, resolve_pack
-from trainables.fused import MEMORY_SHARE, PEAK_BYTES_PER_PARAMETER
+from sweep.packs import group_into_packs, members, memory_sized_pack, resolve_pack
+from trainables.fused import MAX_GROUP, MEMORY_SHARE, PEAK_BYTES_PER_PARAMETER, group_size
 from trainables.models import load_pretrained
 
 
@@ -65,8 +65,18 @@ def test_auto_pack_size_comes_from_the_device():
     assert resolve_pack(1, 0.0, 110_000_000) == (1, False)
     h100 = 79 * 2**30  # an idle H100's free memory
     assert memory_sized_pack(h100, 110_000_000) == int(MEMORY_SHARE * h100 // (PEAK_BYTES_PER_PARAMETER * 110e6)) >= 24
-    assert memory_sized_pack(h100, 1_000_000) == AUTO_PACK_MAX
+    assert memory_sized_pack(h100, 1_000_000) == MAX_GROUP
     assert memory_sized_pack(8 * 2**30, 340_000_000) == 1  # BERT-large on a small card: one at a time
+
+
+def test_a_trainable_on_a_gpu_trains_its_pack_in_groups_of_at_most_the_sweeps_size():
+    # The sweep gives a Tune trial three groups of at most MAX_GROUP; the trainable sized its groups again from
+    # its card without that bound, so MiniLM's 192 on an H100 trained as 168 and 24, the 168's set-up overlapped
+    # with nothing
+    h100, minilm = 79 * 2**30, 22_700_000
+    assert group_size(3 * memory_sized_pack(h100, minilm), h100, minilm) == memory_sized_pack(h100, minilm) == 64
+    assert group_size(3 * 34, h100, 110_000_000) == memory_sized_pack(h100, 110_000_000)
+    assert group_size(192, None, minilm) == 192  # a CPU: one group
 
 
 def test_bad_pack_option_is_refused(capsys):

@@ -1238,6 +1238,17 @@ def trials_that_fit(free_bytes: int, parameters: int) -> int:
     return max(1, int(MEMORY_SHARE * free_bytes // (PEAK_BYTES_PER_PARAMETER * parameters)))
 
 
+# At most this many trials a group on a GPU, however many fit: a pack's later groups are set up while one trains,
+# and a small model's 168 on an 80 GiB card as one group would leave that set-up nothing to overlap.
+MAX_GROUP = 64
+
+
+def group_size(trials: int, budget: int | None, parameters: int) -> int:
+    """The trials of a pack that train at once: on a GPU as many as fit in `budget` bytes, at most MAX_GROUP;
+    on a CPU (`budget` None) all of them."""
+    return trials if budget is None else min(trials, MAX_GROUP, trials_that_fit(budget, parameters))
+
+
 def device_budget(device: torch.device, gpu_fraction: float) -> int | None:
     """Bytes a pack may take on `device`: a GPU's free memory, within the share of it Ray gave (None: a CPU).
     An ended pack of this process reads as taken until collected (release_memory, finetune_pack's first step)."""
@@ -1897,8 +1908,7 @@ def finetune_pack(cfgs: list[FinetuneConfig], data: TokenizedTask, pretrained: P
             report(finished)
     else:
         budget = device_budget(device, cfgs[0].gpu_fraction)
-        fitting = len(cfgs) if budget is None else trials_that_fit(budget, parameter_count(pretrained))
-        size = device_size or min(len(cfgs), fitting)
+        size = device_size or group_size(len(cfgs), budget, parameter_count(pretrained))
         runs = [PackRun(list(range(first, min(first + size, len(cfgs))))) for first in range(0, len(cfgs), size)]
     probed = 0  # the largest group that trained past its memory probe
     groups = len(runs)
