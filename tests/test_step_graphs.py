@@ -212,6 +212,7 @@ def test_a_pack_keeps_its_recordings_through_evaluations_between_epochs(pretrain
         # and each trial's row says how it trained
         rows = [make_row({"trial_id": "t"}, result, result["status"]) for result in (a, b)]
         assert [row["cuda_graphs"] for row in rows] == [False, True]
+        assert [row["triton_kernels"] for row in rows] == [False, False]  # torch's ops on a CPU
 
 
 def test_with_graphs_a_pack_resumed_or_split_ends_with_the_numbers_of_one_run_op_by_op(

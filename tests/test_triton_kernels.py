@@ -222,3 +222,11 @@ def test_a_kernel_that_cannot_compile_on_a_node_says_how_to_run_without_it(monke
     weights = [torch.zeros(2, 4) for _ in range(4)]
     with pytest.raises(RuntimeError, match=rf"adamw_clipped failed to compile.*C compiler.*Set {TRITON}=0"):
         adamw_clipped(*weights, torch.ones(2), step_scalars(1e-3, torch.tensor(1.0), BETAS), *BETAS, EPS, 0.0)
+
+
+def test_a_packs_rows_say_whether_the_kernels_updated_it(pretrained, synthetic, interpreted):
+    # within an ulp of torch's ops a step, which training grows: a row says which ran, as it says cuda_graphs
+    from trainables.rows import make_row
+
+    (result,) = fused.finetune_pack([dataclasses.replace(MIXED[0], train_size=8, epochs=1)], synthetic, pretrained)
+    assert make_row({"trial_id": "t"}, result, result["status"])["triton_kernels"] is True

@@ -2107,6 +2107,7 @@ class Trainer:
             "eval_every": cfg.eval_every,
             "precision": cfg.precision,
             "cuda_graphs": pack.graphs_on,
+            "triton_kernels": pack.triton,
             "recipe_version": RECIPE_VERSION,
             "train_seconds": ledger.train_seconds,
             "eval_seconds": ledger.eval_seconds,

@@ -145,6 +145,9 @@ COLUMNS: tuple[tuple[str, pa.DataType, str], ...] = (
     # It trained with CUDA graphs on (the default on GPUs; REINIT_SWEEP_CUDA_GRAPHS=0 turns them off): its learning rates were read from a
     # float32 table on the device, so its numbers differ from op by op's by that rounding.
     ("cuda_graphs", _BOOL, RESULT),
+    # Its pack's update and dropout masks ran as trainables.triton_kernels' kernels (the default on GPUs;
+    # REINIT_SWEEP_TRITON=0 turns them off): within an ulp of torch's ops a step, which training can grow.
+    ("triton_kernels", _BOOL, RESULT),
     ("pack_id", _STR, RESULT),
     ("train_seconds", _FLOAT, RESULT),
     ("eval_seconds", _FLOAT, RESULT),
