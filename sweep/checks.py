@@ -255,12 +255,14 @@ def describe_shape(shape: dict) -> str:
     return f"{shape['CPU']:g} CPU, {shape['GPU']:g} GPU{memory}"
 
 
-def unshared_storage_problems(tune_dir) -> list[str]:
+def unshared_storage_problems(tune_dir, bootstrap: str = BOOTSTRAP_CONFIG) -> list[str]:
     """Whether the other nodes of the Ray cluster that can run trials see a local storage folder, found by a
     probe file made here and looked for there. Trials write their checkpoints to it from their own node, and Ray
     fails a trial whose node does not see the folder the driver made: a trial that trained to a checkpoint is lost
     (its row with it, when that was its last epoch), on every retry. A bucket's URI is seen from everywhere; a
-    node that does not answer in time is given the benefit of the doubt."""
+    node that does not answer in time is given the benefit of the doubt. With no such node up yet, but a launched
+    cluster's autoscaler that adds them (`ray up cluster.yaml`: no worker until trials ask for one), there is none
+    to ask: a folder on this machine's own disk is refused, one on a network file system let through."""
     if "://" in str(tune_dir):
         return []
     import ray
@@ -269,9 +271,15 @@ def unshared_storage_problems(tune_dir) -> list[str]:
     others = {n["NodeID"]: n.get("NodeManagerAddress", n["NodeID"]) for n in ray.nodes()
               if n.get("Alive") and n["NodeID"] != here
               and any((n.get("Resources") or {}).get(r, 0) > 0 for r in ("CPU", "GPU"))}
-    if not others:
-        return []
     folder = Path(tune_dir).expanduser().absolute()
+    if not others:
+        added = any(t.get(r, 0) > 0 for t in autoscaler_node_types(bootstrap) for r in ("CPU", "GPU"))
+        if not added or on_network_file_system(folder):
+            return []
+        return [f"--storage: {folder} is a folder of this machine's own disk ({file_system_type(folder)}), and the "
+                "nodes this Ray cluster's autoscaler adds to run the trials will not see it: Ray fails a trial "
+                "there (a finished one's row with it); give a bucket (s3://bucket/prefix, gs://bucket/prefix) or a "
+                "folder on a network file system every node mounts at the same path (NFS, EFS)"]
     folder.mkdir(parents=True, exist_ok=True)
     marker = folder / f".reinit-sweep-shared-probe-{uuid.uuid4().hex}"
     marker.write_bytes(b"")
@@ -286,6 +294,33 @@ def unshared_storage_problems(tune_dir) -> list[str]:
             f"({', '.join(blind)}) do not see, and trials there write their checkpoints to it, which Ray refuses "
             "(the trial fails, a finished one's row with it); give a bucket (s3://bucket/prefix, gs://bucket/prefix) "
             "or a folder every node mounts at the same path (NFS)"]
+
+
+# File system types (/proc/mounts) of storage that other machines can mount too; fuse.*: s3fs, gcsfuse, JuiceFS, ...
+NETWORK_FILE_SYSTEMS = {"nfs", "nfs4", "cifs", "smb3", "lustre", "gpfs", "beegfs", "ceph", "glusterfs", "efs"}
+
+
+def file_system_type(path: Path) -> str | None:
+    """The type of the file system `path` lies on, from the longest mount point above it (None: no /proc/mounts)."""
+    try:
+        mounts = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return None
+    target, best, kind = os.path.realpath(path), "", None
+    for line in mounts:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ")
+        if (target == point or target.startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
+            best, kind = point, fields[2]
+    return kind
+
+
+def on_network_file_system(path: Path) -> bool:
+    """Whether other machines may mount `path` too (unknown, without /proc/mounts: given the benefit of the doubt)."""
+    kind = file_system_type(path)
+    return kind is None or kind in NETWORK_FILE_SYSTEMS or kind.startswith("fuse.")
 
 
 def nodes_seeing(path: str, node_ids: list[str], timeout: float = 60.0) -> dict[str, bool | None]:

@@ -154,3 +154,112 @@ def test_the_setup_commands_install_the_project_from_the_synced_checkout(config,
     assert dry.returncode == 0, dry.stderr[-3000:]
     assert dry.stdout.splitlines()[0] == str(code / "sweep" / "__init__.py")
     assert "incremental: minilm (6 layers)" in dry.stdout
+
+
+def cluster_section() -> str:
+    """The README's "Running on a cluster", up to its SLURM part: what a user copies for cluster.yaml."""
+    text = (ROOT / "README.md").read_text()
+    return text[text.index("## Running on a cluster"):text.index("### On a SLURM cluster")]
+
+
+def allows(policy: dict, action: str, resource: str) -> bool:
+    import fnmatch
+
+    statements = policy["Statement"] if isinstance(policy["Statement"], list) else [policy["Statement"]]
+    for s in statements:
+        actions = [s["Action"]] if isinstance(s.get("Action"), str) else s.get("Action", [])
+        resources = [s["Resource"]] if isinstance(s.get("Resource"), str) else s.get("Resource", [])
+        if s["Effect"] == "Allow" and "Condition" not in s and any(fnmatch.fnmatch(action, a) for a in actions) \
+                and any(fnmatch.fnmatch(resource, r) for r in resources):
+            return True
+    return False
+
+
+def test_the_head_may_launch_workers_with_their_instance_profile(config):
+    """A worker type that names an instance profile is launched by the head's autoscaler, whose role must then be
+    allowed iam:PassRole on that profile's role (and ssm:GetParameters on an image named by a public parameter), or
+    every launch fails with UnauthorizedOperation. Ray's default head role (ray-autoscaler-v1: AmazonEC2FullAccess,
+    AmazonS3FullAccess; AWS's documents of them as moto keeps them) has neither right: the README grants them."""
+    import json
+    import shlex
+
+    from moto.iam.aws_managed_policies import aws_managed_policies_data
+
+    managed = json.loads(aws_managed_policies_data)
+    policies = [managed[name]["Document"] for name in ("AmazonEC2FullAccess", "AmazonS3FullAccess")]
+    for command in re.finditer(r"aws iam put-role-policy ([^']*)'([^']*)'", cluster_section()):
+        words = shlex.split(command.group(1).replace("\\\n", " "))
+        assert words[words.index("--role-name") + 1] == "ray-autoscaler-v1", command.group(0)
+        policies.append(json.loads(command.group(2)))
+    types = dict(config["available_node_types"])
+    assert "IamInstanceProfile" not in types.pop(config["head_node_type"])["node_config"]  # Ray's default role
+    for name, node_type in types.items():
+        profile = node_type["node_config"].get("IamInstanceProfile")
+        if profile:
+            role = f"arn:aws:iam::123456789012:role/{profile['Name']}"  # Ray names the role as its profile
+            assert any(allows(p, "iam:PassRole", role) for p in policies), \
+                f"the head's role may not pass {profile['Name']} to the {name} workers it launches"
+        image = node_type["node_config"].get("ImageId", "")
+        if image.startswith("resolve:ssm:"):  # EC2 reads the parameter as the launching principal
+            parameter = f"arn:aws:ssm:{config['provider']['region']}::parameter{image.removeprefix('resolve:ssm:')}"
+            assert any(allows(p, "ssm:GetParameters", parameter) for p in policies), \
+                f"the head's role may not read {parameter}, the image of the {name} workers it launches"
+
+
+def test_no_node_falls_back_to_rays_default_image(config):
+    """Without an ImageId, `ray up` puts Ray's default AMI in (DLAMI Ubuntu 18.04 V71.0, a CUDA 11 driver): too old
+    for the Ray GPU image's CUDA (its container does not start on a GPU) and torch's CUDA build."""
+    import copy
+
+    from ray.autoscaler._private.aws.config import DEFAULT_AMI, _check_ami
+
+    prepared = copy.deepcopy(config)
+    _check_ami(prepared)  # what bootstrap_aws does last, after IAM, keys, subnets and security groups
+    for name, node_type in prepared["available_node_types"].items():
+        image = node_type["node_config"]["ImageId"]
+        assert image not in DEFAULT_AMI.values(), f"{name} runs Ray's default AMI {image}"
+        assert image.startswith("resolve:ssm:/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu"), image
+
+
+def test_every_process_in_the_containers_sends_the_token(config):
+    """Ray's CLI and a driver given an address send the token only under RAY_AUTH_MODE=token (a driver joining
+    with --address auto turns it on by itself, `ray status` does not): the containers' own environment sets it, so
+    `ray exec cluster.yaml "ray status"` and a shell from `ray attach` are let in, not only `ray start`."""
+    import shlex
+
+    from ray.autoscaler._private.docker import docker_start_cmds
+
+    docker = config["docker"]
+    for role in ("head", "worker"):
+        options = docker.get("run_options", []) + docker.get(f"{role}_run_options", [])
+        command = docker_start_cmds("ubuntu", docker["image"], config["file_mounts"], docker["container_name"],
+                                    options, config["cluster_name"], "/home/ray", "docker")
+        words = shlex.split(command)
+        env = [words[i + 1] for i, w in enumerate(words[:-1]) if w in ("-e", "--env")]
+        env += [w.split("=", 1)[1] for w in words if w.startswith("--env=")]
+        assert "RAY_AUTH_MODE=token" in env, command
+
+
+def test_a_local_storage_folder_is_refused_before_the_autoscaler_adds_the_workers(config, tmp_path, monkeypatch):
+    """On a fresh `ray up cluster.yaml` cluster only the head is up (it runs no trial): no node to ask whether it
+    sees a local --storage folder, yet every trial runs on a worker the autoscaler adds, which does not. The head's
+    bootstrap config (what `ray up` leaves there) says such workers come."""
+    import ray
+
+    from sweep import checks
+
+    bootstrap = tmp_path / "ray_bootstrap_config.yaml"
+    bootstrap.write_text(yaml.safe_dump(config))
+    head = {"NodeID": "head", "Alive": True, "Resources": {"memory": 1e10}, "NodeManagerAddress": "10.0.0.1"}
+    monkeypatch.setattr(ray, "nodes", lambda: [head])
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: type("C", (), {"get_node_id": lambda self: "head"})())
+    folder = tmp_path / "results"
+    assert sys.platform != "linux" or checks.file_system_type(folder)  # the mount tmp_path lies on
+    monkeypatch.setattr(checks, "file_system_type", lambda path: "ext4")  # this machine's disk, whatever tmp_path's
+    [problem] = checks.unshared_storage_problems(folder, bootstrap=str(bootstrap))
+    assert problem.startswith(f"--storage: {folder} is a folder of this machine's own disk (ext4)"), problem
+    assert "s3://" in problem
+    assert checks.unshared_storage_problems("s3://bucket/prefix", bootstrap=str(bootstrap)) == []
+    assert checks.unshared_storage_problems(folder, bootstrap=str(tmp_path / "none.yaml")) == []  # no autoscaler
+    monkeypatch.setattr(checks, "file_system_type", lambda path: "nfs4")  # a folder every node may mount
+    assert checks.unshared_storage_problems(folder, bootstrap=str(bootstrap)) == []

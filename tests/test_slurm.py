@@ -92,3 +92,64 @@ def test_the_sbatch_script_runs_a_sweep_across_the_nodes_it_starts_and_stops_the
     assert own_address_file, "the head writes its address in its own folder, not /tmp/ray"
     table = read_results(tmp_path / "slurm")
     assert len(table) == 2 and table["trial_id"].is_unique and set(table["status"]) == {"ok"}
+
+
+FAKE_SRUN = r"""#!/usr/bin/env bash
+# srun as Slurm >= 22.05 runs a step: its CPUs are --cpus-per-task or SRUN_CPUS_PER_TASK, else 1 (it no longer
+# reads SLURM_CPUS_PER_TASK, which sbatch sets); the step's processes are confined to them.
+node=standin-0 cpus="${SRUN_CPUS_PER_TASK:-1}"
+while [[ "${1:-}" == -* ]]; do
+  case "$1" in
+    -w) node="$2"; shift ;;
+    --cpus-per-task=*) cpus="${1#*=}" ;;
+    -c) cpus="$2"; shift ;;
+  esac
+  shift
+done
+echo "step node=$node cpus=$cpus: $*" >> "$FAKE_LOG"
+exec "$@"
+"""
+FAKE_RAY = r"""#!/usr/bin/env bash
+# `ray start ... --block` stays until it is stopped, as a node would; nothing else is asked of it here.
+echo "ray $*" >> "$FAKE_LOG"
+if [ "${1:-}" = start ]; then
+  trap 'echo "ray stopped" >> "$FAKE_LOG"; exit 0' TERM
+  while :; do sleep 0.05; done
+fi
+"""
+FAKE_PYTHON = r"""#!/usr/bin/env bash
+# The script's wait for its nodes (a program on stdin) says they joined; the sweep is recorded.
+if [ "${1:-}" = - ]; then cat > /dev/null; echo "$3 nodes alive in the Ray cluster at $2"; exit 0; fi
+echo "python $*" >> "$FAKE_LOG"
+"""
+
+
+def test_each_ray_node_is_told_the_cpus_its_slurm_step_has(tmp_path):
+    """Since Slurm 22.05 a job step gets one CPU unless srun is told --cpus-per-task (or SRUN_CPUS_PER_TASK): a Ray
+    node told `--num-cpus 8` in a one-CPU step runs its 8 trials on one core. No Ray here: srun, ray and python are
+    stand-ins that record what the script asks of them."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in {"srun": FAKE_SRUN, "ray": FAKE_RAY, "python": FAKE_PYTHON,
+                       "hostname": "#!/usr/bin/env bash\necho 10.0.0.1\n"}.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    for name in ("sbatch", "scontrol"):
+        (bin_dir / name).symlink_to(STANDIN / name)
+    log = tmp_path / "log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "SLURM", "SRUN_"))}
+    env.update(PATH=f"{bin_dir}:{env['PATH']}", FAKE_LOG=str(log), HOME=str(tmp_path), RAY_AUTH_TOKEN="x" * 32)
+    done = subprocess.run(["sbatch", "--nodes=2", "--cpus-per-task=8", "--gpus-per-task=1",
+                           "scripts/slurm/sweep.sbatch", "incremental", "--storage", "/shared/x"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    lines = log.read_text().splitlines()
+    assert done.returncode == 0, done.stdout + done.stderr
+    starts = [line for line in lines if line.startswith("step ") and ": ray start" in line]
+    assert len(starts) == 2, lines
+    for line in starts:
+        words = line.split()
+        told = words[words.index("--num-cpus") + 1]
+        assert f"cpus={told}:" in line, f"Ray is told {told} CPUs, but its step has: {line}"
+        assert words[words.index("--num-gpus") + 1] == "1", line
+    assert "python -m sweep incremental --storage /shared/x --address 10.0.0.1:6379" in lines, lines
+    assert lines.count("ray stopped") == 2, lines
