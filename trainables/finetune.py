@@ -432,7 +432,8 @@ def finetune(
             start_weights = [[w.to(compute.device) for w in layer] for layer in resume["start_weights"]]
     fixed = {"epochs": cfg.epochs, "metric_name": data.metric, "model_type": pretrained.model_type, **data.columns(),
              "max_grad_norm": cfg.max_grad_norm, "eval_every": cfg.eval_every, "precision": cfg.precision,
-             "cuda_graphs": False, "triton_kernels": False, "recipe_version": RECIPE_VERSION, "resumed_from_epoch": resumed_from}
+             "cuda_graphs": False, "triton_kernels": False, "recipe_version": RECIPE_VERSION,
+             "resumed_from_epoch": resumed_from}
     if cfg.layer_lr_multipliers is not None:  # what the optimizer really got, layers 1..L
         fixed["layer_lrs"] = [g["initial_lr"] for g in optimizer.param_groups
                               if g["name"].startswith("layer_") and not g["name"].endswith("/no-decay")]

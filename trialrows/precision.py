@@ -145,9 +145,10 @@ def outcome(finished: dict[int, float], target: Target) -> Outcome:
     values = np.array([finished[i] for i in range(needed)], dtype=float)
     values = values[np.isfinite(values)]
     mean, low, high = stein_interval(values, s0, len(pilot_values), target.confidence)
+    spread = float(values.std(ddof=1)) if len(values) > 1 else 0.0
     result = Outcome(REACHED, needed, needed, uncapped, s0, len(values), mean, low, high,
                      "" if s0 > 0 else "every pilot value is the same: a zero-width interval (the normal model "
-                                       "behind it does not hold)", float(values.std(ddof=1)) if len(values) > 1 else 0.0)
+                                       "behind it does not hold)", spread)
     if result.half_width <= target.half_width * (1 + 1e-9):
         return result
     if uncapped > needed:
