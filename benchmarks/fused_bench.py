@@ -13,6 +13,13 @@ Each is run
 3. peer: Hugging Face Trainer with dynamic padding (DataCollatorWithPadding), one fresh process per trial (load,
    tokenize its subset and the dev split, train, evaluate once), N processes at a time (--peer-processes; on a
    GPU, N processes share the card: fractions 1/N), each with threads/N threads.
+What each clock holds. Ours (fused, unfused): the call that trains the row's trials, from their set-up (each
+model built from the weights in memory, its surgery, its subset) to their rows (one dev evaluation, weight
+distances); not the run's one-time start (imports, SST-2 read and tokenized, the weights loaded or built), which
+a sweep pays once for all its trials (the --sweep row, on a CPU, holds it: Ray's start too). The peer's: its
+processes from their start to their exit, one a trial (Python's start and imports, SST-2 read, the subset and
+the dev split tokenized, the model loaded from disk, the surgery, on a GPU its CUDA context, training, the
+evaluation).
 Every row prints wall seconds per trial (all its trials' wall time / their number), tokens/s (training tokens
 over that time) and MFU: the same model FLOPs per trial (training and one dev evaluation, trainables.cost)
 over the seconds per trial and the device's peak (CPU: measured matmul peak with all threads; GPU: datasheet).
@@ -177,13 +184,19 @@ def trial_configs(n: int, args, num_layers: int, gpu: bool):
                            threads=args.threads, gpu_fraction=1.0 if gpu else 0.0) for t in range(n)]
 
 
-def trial_flops(cfg, data, pretrained) -> float:
-    """Model FLOPs of one trial: training on its subset for its epochs and one dev evaluation."""
-    from trainables.cost import flop_shape, sequence_flops
-    from trainables.data import draw_subset
+def model_shape(pretrained, num_labels: int):
+    """The classifier's FlopShape (trainables.cost), the same for every trial of a model and task."""
+    from trainables.cost import flop_shape
     from trainables.models import build_classifier
 
-    shape = flop_shape(build_classifier(pretrained, data.num_labels, 0))
+    return flop_shape(build_classifier(pretrained, num_labels, 0))
+
+
+def trial_flops(cfg, data, shape) -> float:
+    """Model FLOPs of one trial: training on its subset for its epochs and one dev evaluation."""
+    from trainables.cost import sequence_flops
+    from trainables.data import draw_subset
+
     rows = draw_subset(len(data.train), cfg.train_size, cfg.subset_seed)
     return (sequence_flops(data.train.lengths[rows], shape, True, cfg.batch_size) * cfg.epochs
             + sequence_flops(data.validation.lengths, shape, False, cfg.eval_batch_size))
@@ -194,7 +207,10 @@ class Figures:
     `out`, written to that JSON file (beside `header`) as each row lands."""
 
     def __init__(self, cfgs, data, pretrained, peak: float, out: str | None = None, header: dict | None = None):
-        self.flops = [trial_flops(c, data, pretrained) for c in cfgs]
+        # one shape for all trials: BERT-base's classifier built for each (0.13 s here) kept a GPU call of 3 groups
+        # of 34 from its first row for 13 s
+        shape = model_shape(pretrained, data.num_labels)
+        self.flops = [trial_flops(c, data, shape) for c in cfgs]
         self.tokens = [train_tokens(data, c) for c in cfgs]
         self.peak, self.rows, self.out, self.header = peak, {}, out, header or {}
 
@@ -491,7 +507,9 @@ def paired_runs(args, figures, peer_model_path: str, layers: int) -> None:
             break
         ratios.append(walls["sweep"] / walls["peer"])
         figures.rows[f"pair {pair}: the sweep command against the peer"] = {
-            "sweep_seconds_per_trial": walls["sweep"], "peer_seconds_per_trial": walls["peer"], "ratio": ratios[-1]}
+            "sweep_seconds_per_trial": walls["sweep"], "peer_seconds_per_trial": walls["peer"], "ratio": ratios[-1],
+            **{f"{what}_{figure}": value for what, per_trial in walls.items() for figure, value in (
+                ("wall_seconds", per_trial * args.trials), ("mfu", figures.mfu(args.trials, per_trial)))}}
         figures.write()
         print(f"pair {pair} ({order[0]} first): the sweep command "
               f"{walls['sweep']:.1f} s/trial, the peer {walls['peer']:.1f}: {ratios[-1]:.2f}x", flush=True)
@@ -506,7 +524,7 @@ def peer_trial(spec: dict) -> dict:
     started = time.perf_counter()
     torch.set_num_threads(spec["threads"])
     from transformers import (AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding, Trainer,
-                              TrainingArguments)
+                              TrainingArguments, set_seed)
 
     from trainables.ablations import Reinit, apply_ablation
     from trainables.data import draw_subset
@@ -518,6 +536,7 @@ def peer_trial(spec: dict) -> dict:
     rows = draw_subset(len(texts), spec["size"], spec["seed"])  # the same subset as our trial's
     encode = lambda t, y: [{**tokenizer(s, truncation=True, max_length=128), "labels": int(v)} for s, v in zip(t, y)]  # noqa: E731
     train, dev = encode([texts[r] for r in rows], labels[rows]), encode(dev_texts, dev_labels)
+    set_seed(spec["seed"])  # before the head is drawn, as run_glue does: Trainer seeds only once the model exists
     model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=2)
     apply_ablation(Reinit.incremental(spec["k"], model.config.num_hidden_layers), model, spec["seed"])
     with tempfile.TemporaryDirectory() as out:
@@ -537,11 +556,14 @@ def peer_trial(spec: dict) -> dict:
 
 def time_peer(args, model_path: str, num_layers: int, processes: int) -> tuple[float, list[float]]:
     """(wall seconds, dev accuracies) of --trials peer trials, `processes` fresh processes at a time."""
-    threads = max(1, args.threads // processes) if args.device == "cpu" else 1
+    threads = max(1, args.threads // processes)
     specs = [{"model_path": model_path, "data_dir": args.data_dir, "size": args.size, "epochs": args.epochs,
               "seed": t, "k": t % (num_layers + 1), "threads": threads, "device": args.device,
               "precision": args.precision, "draws": args.draws} for t in range(args.trials)]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(threads)}
+    if args.device == "cuda":  # the card our rows train on: seeing more, Trainer would wrap the model in
+        # DataParallel over them all, and its batch would be 8 times their count
+        env["CUDA_VISIBLE_DEVICES"] = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
 
     def run(spec: dict) -> dict:
         done = subprocess.run([sys.executable, __file__, "--peer-trial", json.dumps(spec)], capture_output=True,
@@ -575,6 +597,8 @@ def func_step_seconds(cfgs, data, pretrained, steps: int = 5) -> float:
     base = models[0]
 
     def loss(p, b, ids, types, mask, labels):
+        # the mask made 4-d here: from a 2-d one, transformers 5 asks whether any token is padding, which vmap refuses
+        mask = mask[:, None, None, :].bool()
         logits = functional_call(base, (p, b), (), {"input_ids": ids, "token_type_ids": types, "attention_mask": mask})
         return torch.nn.functional.cross_entropy(logits.logits, labels)
 
@@ -738,7 +762,7 @@ def bert_base_folder(pretrained, tokenizer_path: str, folder: str) -> str:
 def compare(args, pretrained, data, peer_model_path: str, device: str, header: dict) -> dict:
     """Every row on the same trials: fused packs, our unfused loop, the peer at each concurrency."""
     from trainables.cost import peak_flops
-    from trainables.fused import CUDA_GRAPHS, release_memory
+    from trainables.fused import CUDA_GRAPHS, MAX_GROUP, release_memory
 
     gpu, layers = device.startswith("cuda"), pretrained.num_layers
     if args.pairs != 1 and (gpu or not args.sweep or args.pairs < 1):  # said now, as the one below
@@ -747,10 +771,14 @@ def compare(args, pretrained, data, peer_model_path: str, device: str, header: d
     if args.sweep and not gpu and args.trials > layers + 1:  # said now, not after the rows before it have run
         raise SystemExit(f"--sweep runs k = 0..--trials-1, one trial each: --trials {args.trials} asks for k up to "
                          f"{args.trials - 1}, and the model has {layers} layers (--trials at most {layers + 1})")
+    if args.compare_func and gpu:
+        raise SystemExit("--compare-func times torch.func's step on the CPU (its models never move to a card), "
+                         "against our pack on the card: leave it out with --device cuda")
     fits = fitting_trials(pretrained) if gpu else None
-    packs = args.packs or ([1, 8, fits] if gpu else [args.trials])
-    group = min(fits, args.group_size or fits) if gpu else 0
-    grouped = args.groups * group  # --pack auto's Tune trial on this card: groups of what fits
+    packs = args.packs or (sorted({1, 8, fits}) if gpu else [args.trials])  # a size once, where fits is 1 or 8
+    # --pack auto's Tune trial on this card: groups of what fits, at most MAX_GROUP, as the engine sizes them
+    group = min(fits, MAX_GROUP, args.group_size or fits) if gpu else 0
+    grouped = args.groups * group
     cfgs = trial_configs(max([args.trials, *packs, grouped]), args, layers, gpu)
     peak, source = peak_flops(device, args.precision)
     figures = Figures(cfgs, data, pretrained, peak, args.out, header)
@@ -785,14 +813,18 @@ def compare(args, pretrained, data, peer_model_path: str, device: str, header: d
     if gpu and args.op_by_op:  # a diagnostic: any error is the row's
         size = max(size for size in packs if size <= fits)
         pack_row(f"ours, fused pack of {size}, every step op by op", size, Exception, {CUDA_GRAPHS: "0"})
-    if grouped:
-        wall, accuracy, phases = time_pack(cfgs[:grouped], data, pretrained,
-                                           device_size=group if args.group_size else None)
+    if grouped:  # as a pack row: a group that cannot fit skips the row, and the peer's rows still run
+        name = f"ours, --pack auto: {args.groups} groups of {group}, set up in the background"
+        timed, failure = attempt(lambda: time_pack(cfgs[:grouped], data, pretrained,
+                                                   device_size=group if args.group_size else None),
+                                 torch.OutOfMemoryError)
         pinned = pinned_stats()  # the page-locked buffers the groups came through
         print(f"  page-locked host memory: {pinned}", flush=True)
         release_memory()  # the peer's processes share the card next: this process's cached blocks go back
-        figures.add(f"ours, --pack auto: {args.groups} groups of {group}, set up in the background", grouped,
-                    wall, accuracy, phases=phases, **pinned)
+        if failure is not None:
+            figures.skip(name, failure)
+        else:
+            figures.add(name, grouped, *timed[:2], phases=timed[2], **pinned)
     if not gpu:  # --pack auto on CPUs: packs of one, one per core
         at_once = len(os.sched_getaffinity(0))
         figures.add(f"ours, packs of 1, {at_once} side by side", args.trials,
@@ -818,6 +850,7 @@ def compare(args, pretrained, data, peer_model_path: str, device: str, header: d
             figures.rows[f"func_vs_ours_pack{size}"] = {"func_seconds_per_step": func, "ours_seconds_per_step": ours}
             print(f"pack {size}, one step: torch.func vmap {func:.3f}s, our encoder {ours:.3f}s (func/ours "
                   f"{func / ours:.2f}x)", flush=True)
+        figures.write()
     if not gpu:
         # The matmul peak is a best of a few milliseconds' repeats: a process still ending when the run starts
         # can halve it (0.108 TFLOP/s once, against 0.20), and every MFU with it. The higher of the start's
@@ -930,10 +963,12 @@ def main() -> None:
             print(json.dumps(peer_trial(args.peer_trial)))
         return
     torch.set_num_threads(args.threads)
+    # --out is written by the rows' Figures as each lands, the peak their MFU is against with them
     with kept_pageable(args.pageable), drawn_as(args.draws), banks_from(args.host_banks):
-        figures = gpu_mode(args) if args.device == "cuda" else cpu_mode(args)
-    if args.out:
-        Path(args.out).write_text(json.dumps(figures, indent=2, default=str))
+        if args.device == "cuda":
+            gpu_mode(args)
+        else:
+            cpu_mode(args)
 
 
 if __name__ == "__main__":
