@@ -174,14 +174,24 @@ def bert_base_shape():
                       state_dict={k: v.detach().clone() for k, v in base.state_dict().items()})
 
 
+def grid_trials(n: int, num_layers: int) -> list[tuple[int, int, int]]:
+    """(k, subset_seed, seed) of the first `n` trials of the paper's 500-example grid as `python -m sweep
+    incremental` draws them (--seed 0): k cycling over 0..L, each trial index's seeds shared by its k's (the
+    paired design). So the --sweep row's command trains the very trials of every other row and of the peer."""
+    from sweep.experiments import trial_seeds
+
+    return [(t % (num_layers + 1), *trial_seeds(0, t // (num_layers + 1))) for t in range(n)]
+
+
 def trial_configs(n: int, args, num_layers: int, gpu: bool):
-    """Trial t of the paper's 500-example grid: its own subset and seed, k cycling over 0..L."""
+    """The first `n` trials of the paper's 500-example grid (grid_trials)."""
     from trainables.ablations import Reinit
     from trainables.finetune import FinetuneConfig
 
-    return [FinetuneConfig(task="sst2", train_size=args.size, subset_seed=t, seed=t, epochs=args.epochs,
-                           ablation=Reinit.incremental(t % (num_layers + 1), num_layers), precision=args.precision,
-                           threads=args.threads, gpu_fraction=1.0 if gpu else 0.0) for t in range(n)]
+    return [FinetuneConfig(task="sst2", train_size=args.size, subset_seed=subset_seed, seed=seed, epochs=args.epochs,
+                           ablation=Reinit.incremental(k, num_layers), precision=args.precision,
+                           threads=args.threads, gpu_fraction=1.0 if gpu else 0.0)
+            for k, subset_seed, seed in grid_trials(n, num_layers)]
 
 
 def model_shape(pretrained, num_labels: int):
@@ -533,7 +543,7 @@ def peer_trial(spec: dict) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(path)
     texts, labels = read_sst2(spec["data_dir"], "train")
     dev_texts, dev_labels = read_sst2(spec["data_dir"], "validation")
-    rows = draw_subset(len(texts), spec["size"], spec["seed"])  # the same subset as our trial's
+    rows = draw_subset(len(texts), spec["size"], spec["subset_seed"])  # the same subset as our trial's
     encode = lambda t, y: [{**tokenizer(s, truncation=True, max_length=128), "labels": int(v)} for s, v in zip(t, y)]  # noqa: E731
     train, dev = encode([texts[r] for r in rows], labels[rows]), encode(dev_texts, dev_labels)
     set_seed(spec["seed"])  # before the head is drawn, as run_glue does: Trainer seeds only once the model exists
@@ -558,8 +568,9 @@ def time_peer(args, model_path: str, num_layers: int, processes: int) -> tuple[f
     """(wall seconds, dev accuracies) of --trials peer trials, `processes` fresh processes at a time."""
     threads = max(1, args.threads // processes)
     specs = [{"model_path": model_path, "data_dir": args.data_dir, "size": args.size, "epochs": args.epochs,
-              "seed": t, "k": t % (num_layers + 1), "threads": threads, "device": args.device,
-              "precision": args.precision, "draws": args.draws} for t in range(args.trials)]
+              "subset_seed": subset_seed, "seed": seed, "k": k, "threads": threads, "device": args.device,
+              "precision": args.precision, "draws": args.draws}
+             for k, subset_seed, seed in grid_trials(args.trials, num_layers)]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(threads)}
     if args.device == "cuda":  # the card our rows train on: seeing more, Trainer would wrap the model in
         # DataParallel over them all, and its batch would be 8 times their count

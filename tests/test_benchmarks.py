@@ -105,7 +105,7 @@ def test_the_peer_draws_its_classifier_head_from_the_trials_seed(tiny_bert, tmp_
     monkeypatch.setitem(transformers.__dict__, "Trainer", Received)  # not setattr: that imports the real one
     monkeypatch.setattr(torch, "set_num_threads", lambda threads: None)
     spec = {"model_path": tiny_bert, "data_dir": str(tmp_path), "size": 8, "epochs": 1, "k": 4, "threads": 1,
-            "device": "cpu", "precision": "fp32"}
+            "device": "cpu", "precision": "fp32", "subset_seed": 0}
     for seed in (0, 1, 0):
         torch.manual_seed(1234)  # the generator as each trial's fresh process has it
         fused_bench.peer_trial({**spec, "seed": seed})
@@ -270,10 +270,25 @@ data = fb.sst2_task({str(tmp_path)!r}, AutoTokenizer.from_pretrained({tiny_bert!
 cfgs = fb.trial_configs(2, types.SimpleNamespace(size=16, epochs=1, precision="fp32", threads=1), 4, False)
 fb.Figures(cfgs, data, pretrained, 1e12)
 fb.time_pack(cfgs, data, pretrained, device_size=2)
-fb.peer_trial(dict(model_path={tiny_bert!r}, data_dir={str(tmp_path)!r}, size=16, epochs=1, seed=0, k=2, threads=1,
-                   device="cpu", precision="fp32"))
+fb.peer_trial(dict(model_path={tiny_bert!r}, data_dir={str(tmp_path)!r}, size=16, epochs=1, subset_seed=0, seed=0, k=2,
+                   threads=1, device="cpu", precision="fp32"))
 print(sorted(m for m in ("ray", "datasets", "optuna") if m in sys.modules))
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_every_row_and_the_peer_train_the_trials_the_sweep_command_trains():
+    # The --sweep row's command draws each trial index's seeds from the sweep's own stream, shared by its k's; the
+    # other rows and the peer had trained subsets 0, 1, 2, ... (1.7% more tokens than the command at 4 trials)
+    from sweep.experiments import EXPERIMENTS, GridSettings
+
+    settings = GridSettings.of(model="m", tasks=("sst2",), sizes=(500,), k=(0, 1, 2, 3), trials=((0, 1),))
+    command = sorted(EXPERIMENTS["incremental"].build(settings, 6, 6), key=lambda spec: spec.k)
+    fused_bench, args = benchmark("fused_bench"), SimpleNamespace(size=500, epochs=5, precision="fp32", threads=1)
+    assert [(c.ablation, c.subset_seed, c.seed) for c in fused_bench.trial_configs(4, args, 6, False)] == [
+        (spec.ablation, spec.subset_seed, spec.seed) for spec in command]
+    # past k = L, the next trial index: the paired design of the paper's grid
+    (k, *seeds), = fused_bench.grid_trials(8, 6)[7:]
+    assert k == 0 and seeds != [command[0].subset_seed, command[0].seed]
