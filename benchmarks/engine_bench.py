@@ -223,17 +223,15 @@ def projection(data, ops: int, host_per_op: float, setup_per_trial: float, bytes
                setup_threads: int) -> dict:
     """The 1,950-trial grid on one H100: packs as large as fit, each step at the larger of its device time (a
     roofline of FLOPs and bytes) and its host time (ops x seconds an op; the host runs ahead otherwise)."""
-    from trainables.cost import FlopShape, sequence_flops
+    from trainables.cost import sequence_flops
     from trainables.data import draw_subset
     from trainables.finetune import FinetuneConfig
-    from trainables.fused import bucket
+    from trainables.fused import MAX_GROUP, bucket
 
     pretrained = fused_bench.bert_base_shape()
     params = sum(t.numel() for t in pretrained.state_dict.values())
-    config = pretrained.config
-    non_embedding = params - sum(t.numel() for k, t in pretrained.state_dict.items() if "embeddings" in k)
-    shape = FlopShape(non_embedding, config.num_hidden_layers, config.hidden_size)
-    pack = min(64, int(0.9 * H100_MEMORY // (bytes_per_param * params)))
+    shape = fused_bench.model_shape(pretrained, data.num_labels)
+    pack = min(MAX_GROUP, int(0.9 * H100_MEMORY // (bytes_per_param * params)))
     steps = math.ceil(GRID_SIZE / BATCH) * GRID_EPOCHS
     # FLOPs of a trial's training with the engine's padding: each step's tokens rounded up to its bucket
     lengths = data.train.lengths

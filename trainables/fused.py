@@ -52,7 +52,7 @@ import torch
 import torch.nn.functional as F
 
 from trainables.ablations import apply_ablation
-from trainables.cost import FlopShape, cost_fields, non_embedding_params, peak_flops
+from trainables.cost import FlopShape, cost_fields, flop_shape, peak_flops
 from trainables.data import TokenizedSplit, TokenizedTask, draw_subset, eval_batches, train_batches
 from trainables.finetune import (RECIPE_VERSION, Compute, FinetuneConfig, evaluated_at, hold_out, make_optimizer,
                                  pick_device, schedule_steps)
@@ -215,7 +215,7 @@ class TrialSetup:
     betas: tuple[float, float]
     eps: float
     rows: np.ndarray
-    n_params: int
+    shape: FlopShape  # its model's, for counting FLOPs as `finetune` counts them
 
 
 def bind(model: torch.nn.Module, layout: Layout, rows) -> None:
@@ -271,7 +271,7 @@ def set_up_trial(cfg: FinetuneConfig, data: TokenizedTask, pretrained: Pretraine
             raise ValueError(f"parameters stacked as '{name}' have different optimizer settings {settings}")
         hyper[name] = settings.pop()
     return TrialSetup(hyper, optimizer.param_groups[0]["initial_lr"], scheduler.lr_lambdas[0],
-                      tuple(optimizer.defaults["betas"]), optimizer.defaults["eps"], subset, non_embedding_params(model))
+                      tuple(optimizer.defaults["betas"]), optimizer.defaults["eps"], subset, flop_shape(model))
 
 
 def pretrained_rows(layout: Layout, template: torch.nn.Module, pretrained: Pretrained) -> list[torch.Tensor]:
@@ -1300,8 +1300,7 @@ class Pack:
         self.exp_avg = [m.to(device) for m in parts.exp_avg] if parts.exp_avg else None
         self.exp_avg_sq = [v.to(device) for v in parts.exp_avg_sq] if parts.exp_avg_sq else None
         self.start = parts.start  # the linear weights after surgery, for weight_distance
-        shape = FlopShape(self.setups[0].n_params, int(config.num_hidden_layers), int(config.hidden_size))
-        self.compute = Compute(device, cfg.precision, int(config.pad_token_id or 0), shape)
+        self.compute = Compute(device, cfg.precision, int(config.pad_token_id or 0), self.setups[0].shape)
         # The small tensors (the ACCUMULATED ones: LayerNorms, the position and token-type tables) are read from a
         # contiguous float32 copy of bank 1's leading columns, made with the cast (PackEncoder.refresh), and their
         # gradients gathered in one (small_grad), copied into the gradient bank after backward. Read as views of

@@ -282,8 +282,8 @@ def probe_subset(
     if device.type == "cuda":
         torch.cuda.synchronize()
     feature_seconds = time.perf_counter() - tick
-    encoded = [data.train.lengths[rows]] + ([] if dev_cached else [data.validation.lengths])
-    feature_flops = sum(sequence_flops(lengths, flop_shape(encoder), False, cfg.eval_batch_size) for lengths in encoded)
+    encoded, shape = [data.train.lengths[rows]] + ([] if dev_cached else [data.validation.lengths]), flop_shape(encoder)
+    feature_flops = sum(sequence_flops(lengths, shape, False, cfg.eval_batch_size) for lengths in encoded)
     # Each row carries an equal share of the set-up (model build, encoder passes), so rows sum to the total.
     shared_seconds = (time.perf_counter() - started) / len(todo)
     peak_flops(str(device), cfg.precision)  # a CPU peak is measured now (then cached), outside every timed stretch
