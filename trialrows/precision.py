@@ -240,8 +240,8 @@ def _line(target: Target, result: Outcome | None) -> dict:
         return line
     return {**line, "pilot_sd": result.pilot_sd, "needed": result.needed, "trials": result.trials,
             "values": result.values, "mean": result.mean, "std": result.std, "ci95_low": result.low,
-            "ci95_high": result.high,
-            "half_width": result.half_width, "reached": result.reached, "state": result.state, "note": result.note}
+            "ci95_high": result.high, "half_width": result.half_width, "reached": result.reached,
+            "state": result.state, "note": result.note}
 
 
 def _series(group: pd.DataFrame) -> int:

@@ -91,10 +91,12 @@ def summarize(rows: pd.DataFrame, by: list[str], value: str = "dev_metric", conf
     half = stats.t.ppf((1 + confidence) / 2, np.maximum(n - 1, 1)) * table["std"].to_numpy() / np.sqrt(np.maximum(n, 1))
     half = np.where(table["std"].to_numpy() == 0, 0.0, half)  # zero spread: an interval of one point
     table["ci95_low"], table["ci95_high"] = table["mean"] - half, table["mean"] + half
-    table["mean_minus_2std"], table["mean_plus_2std"] = table["mean"] - 2 * table["std"], table["mean"] + 2 * table["std"]
     table["failed"] = table["excluded"] - table["diverged"]
     table["note"] = np.where(n > 1, "", np.where(n == 1, ONE_TRIAL, NO_TRIAL))
     table = with_stein_intervals(table, outcomes, "n", "mean")
+    # after Stein's replaced a condition's std, mean and count with those of its N values
+    two_std = 2 * table["std"]
+    table["mean_minus_2std"], table["mean_plus_2std"] = table["mean"] - two_std, table["mean"] + two_std
     table = table.astype({"n": int, "excluded": int, "diverged": int, "failed": int})
     chance = chance_columns(rows, by, usable if value == "dev_metric" else None)
     table = table.merge(chance, on=by, how="left") if by else pd.concat([table, chance], axis=1)
@@ -147,10 +149,6 @@ def with_stein_intervals(table: pd.DataFrame, outcomes: pd.DataFrame | None, n: 
         table.loc[picked, mine] = found[theirs].to_numpy(float)
     if "std" in table:  # the spread of the same N values: rows past N (a wider earlier plan) are not in them
         table.loc[picked, "std"] = found["std"].to_numpy(float)
-        if "mean_plus_2std" in table:
-            spread = 2 * table.loc[picked, "std"]
-            table.loc[picked, "mean_minus_2std"] = table.loc[picked, mean] - spread
-            table.loc[picked, "mean_plus_2std"] = table.loc[picked, mean] + spread
     table.loc[picked, "note"] = [f"Stein two-stage interval (n0 {int(r.pilot_trials)}, W {r.target_ci:g}): {r.state}"
                                  + (f"; {r.note}" if r.note else "") for r in found.itertuples()]
     return table.drop(columns="_line")
