@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis.format import FIGURE_FORMATS
 from analysis.results import prepare, read_results
 from analysis.stats import condition_table
 from analysis.tables import mixed_lines
@@ -91,8 +92,8 @@ def main(argv=None) -> int:
     r.add_argument("results", help="a results folder (a storage folder, one sweep's folder, or one Parquet file)")
     r.add_argument("--out", required=True, help="the folder to write the report into")
     r.add_argument("--latex", action="store_true", help="also write every table as LaTeX (booktabs)")
-    r.add_argument("--formats", nargs="+", default=["png", "pdf"], choices=["png", "pdf", "svg"],
-                   help="figure file formats (default: png pdf)")
+    r.add_argument("--formats", nargs="+", default=list(FIGURE_FORMATS), choices=["png", "pdf", "svg"],
+                   help=f"figure file formats (default: {' '.join(FIGURE_FORMATS)})")
     r.set_defaults(run=report)
     args = p.parse_args(argv)
     return args.run(args)

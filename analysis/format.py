@@ -7,6 +7,7 @@ import html
 import numpy as np
 import pandas as pd
 
+FIGURE_FORMATS = ("png", "pdf")  # the figure files a report writes unless told (--formats)
 # Columns of the raw tables that the readable form folds into others or leaves to the CSV.
 _FOLDED = {"ci95_low", "ci95_high", "mean_minus_2std", "mean_plus_2std", "excluded"}
 _P_VALUES = {"spearman_p", "pearson_p", "wilcoxon_p"}

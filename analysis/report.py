@@ -142,7 +142,7 @@ def readable_table(spec: TableSpec, table: pd.DataFrame) -> pd.DataFrame:
     return fmt.readable(table, two_std=spec.two_std)
 
 
-def build_report(results, out, *, latex: bool = False, formats=("png", "pdf"), command: str | None = None,
+def build_report(results, out, *, latex: bool = False, formats=fmt.FIGURE_FORMATS, command: str | None = None,
                  dpi: int = 150, raw: pd.DataFrame | None = None) -> Report:
     """Write the report of the rows under `results` into `out` (`raw`: those rows, when already read);
     returns what it wrote."""
@@ -153,7 +153,7 @@ def build_report(results, out, *, latex: bool = False, formats=("png", "pdf"), c
     rows = prepare(raw)
     command = command or " ".join(["python -m analysis report", shlex.quote(str(results)), "--out",
                                    shlex.quote(str(out))] + (["--latex"] if latex else [])
-                                  + (["--formats", *formats] if list(formats) != ["png", "pdf"] else []))
+                                  + (["--formats", *formats] if tuple(formats) != fmt.FIGURE_FORMATS else []))
     load = f"analysis.load({str(results)!r})"
     items = []
     for spec in TABLES:

@@ -255,6 +255,11 @@ def describe_shape(shape: dict) -> str:
     return f"{shape['CPU']:g} CPU, {shape['GPU']:g} GPU{memory}"
 
 
+# What every node sees: where trials' checkpoints and rows can go.
+SHARED_STORAGE = ("give a bucket (s3://bucket/prefix, gs://bucket/prefix) or a folder every node mounts at the same "
+                  "path (NFS)")
+
+
 def unshared_storage_problems(tune_dir, bootstrap: str = BOOTSTRAP_CONFIG) -> list[str]:
     """Whether the other nodes of the Ray cluster that can run trials see a local storage folder, found by a
     probe file made here and looked for there. Trials write their checkpoints to it from their own node, and Ray
@@ -278,8 +283,7 @@ def unshared_storage_problems(tune_dir, bootstrap: str = BOOTSTRAP_CONFIG) -> li
             return []
         return [f"--storage: {folder} is a folder of this machine's own disk ({file_system_type(folder)}), and the "
                 "nodes this Ray cluster's autoscaler adds to run the trials will not see it: Ray fails a trial "
-                "there (a finished one's row with it); give a bucket (s3://bucket/prefix, gs://bucket/prefix) or a "
-                "folder on a network file system every node mounts at the same path (NFS, EFS)"]
+                f"there (a finished one's row with it); {SHARED_STORAGE}"]
     folder.mkdir(parents=True, exist_ok=True)
     marker = folder / f".reinit-sweep-shared-probe-{uuid.uuid4().hex}"
     marker.write_bytes(b"")
@@ -292,8 +296,7 @@ def unshared_storage_problems(tune_dir, bootstrap: str = BOOTSTRAP_CONFIG) -> li
         return []
     return [f"--storage: {folder} is a folder of this machine that {len(blind)} of the Ray cluster's other nodes "
             f"({', '.join(blind)}) do not see, and trials there write their checkpoints to it, which Ray refuses "
-            "(the trial fails, a finished one's row with it); give a bucket (s3://bucket/prefix, gs://bucket/prefix) "
-            "or a folder every node mounts at the same path (NFS)"]
+            f"(the trial fails, a finished one's row with it); {SHARED_STORAGE}"]
 
 
 # File system types (/proc/mounts) of storage that other machines can mount too; fuse.*: s3fs, gcsfuse, JuiceFS, ...

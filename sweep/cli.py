@@ -218,11 +218,8 @@ def cell_problems(sweep: Sweep) -> list[str]:
     """--trials and --skip words that name no cell of the grid, and --sizes that no count covers: each would
     leave cells out of the sweep without a word. (Sizes from --fractions are known once the splits are read:
     the plan asks `uncounted_problems` again then.)"""
-    grid, problems = sweep.grid, []
-    if sweep.run.target_ci is not None:  # a precision target sets every count
-        return problems
-    problems += uncounted_problems(grid)
-    if grid.fractions:
+    grid, problems = sweep.grid, uncounted_problems(sweep)
+    if grid.fractions or sweep.run.target_ci is not None:  # a precision target sets every count
         return problems
     sizes = ", ".join(map(str, grid.sizes))
     trials, skips = grid.strays()
@@ -235,9 +232,12 @@ def cell_problems(sweep: Sweep) -> list[str]:
     return problems
 
 
-def uncounted_problems(grid: GridSettings) -> list[str]:
-    """The grid's sizes (those of --fractions once the splits are read) that no --trials word counts."""
-    words = {}
+def uncounted_problems(sweep: Sweep) -> list[str]:
+    """The grid's sizes (those of --fractions once the splits are read) that no --trials word counts (none with a
+    precision target, which sets every count)."""
+    grid, words = sweep.grid, {}
+    if sweep.run.target_ci is not None:
+        return []
     for task in grid.tasks:
         for size in grid.known_sizes(task):
             fraction = grid.fraction_of(task, size)
@@ -522,8 +522,8 @@ def plan(sweep: Sweep, dry_run: bool) -> Planned:
             splits = {task: len(data.train) for task, data in raw.items()}
         grid = dataclasses.replace(grid, train_split_sizes=tuple((t, splits[t]) for t in tasks if t in splits))
         sweep = dataclasses.replace(sweep, grid=grid)
-        if problems := (experiment_problems(grid, limits, sweep.experiment)  # now with the fractions' sizes
-                        + (uncounted_problems(grid) if sweep.run.target_ci is None else [])):
+        # again, now with the fractions' sizes
+        if problems := experiment_problems(grid, limits, sweep.experiment) + uncounted_problems(sweep):
             raise Refused(problems)
     count = estimated_trials(sweep, limits)
     if count == 0:  # what is left once --skip, --trials and the experiment's own lists are applied

@@ -77,11 +77,10 @@ class TrainedTrialsOnly:
         super().log_trial_result(iteration, trial, result)
 
     def log_trial_end(self, trial, failed=False):
-        if trial in self.replays and trial in self.unstarted:
-            self.unstarted.discard(trial)
-            return
         if trial in self.unstarted:
             self.unstarted.discard(trial)
+            if trial in self.replays:
+                return
             self.start_run(trial)
         super().log_trial_end(trial, failed)
 
