@@ -8,6 +8,9 @@ BERT's layout) stay single trials, run by `finetune` as with --pack 1.
 from __future__ import annotations
 
 import hashlib
+import time
+
+from sweep.checks import Refused
 
 # --pack auto on CPUs: every trial through the fused encoder, one trial a pack. Measured on this project's
 # 2-core CPU (docs/benchmarks.md, "Fused packs", 2026-11-23): the fused encoder trains a MiniLM step in 0.14 s on
@@ -20,6 +23,11 @@ AUTO_PACK_CPU = 1
 # MAX_GROUP): one group trains while the next is set up, so the card waits on no setup but the
 # first. The trainable sizes its groups again from its own card's free memory.
 GPU_PACKS_PER_TRIAL = 3
+# How long --pack auto waits for every GPU node to say how much card memory is free: long enough for an
+# autoscaler to bring up a GPU node (several minutes on EC2), short enough that a sweep with none coming, or every
+# card held by other work, is refused with what to do instead of waiting without a word.
+GPU_PROBE_TIMEOUT_S = 900.0
+PROBE_NOTICE_S = 60.0
 
 
 def parse_pack(value: str) -> int | str:
@@ -52,10 +60,12 @@ def resolve_pack(pack: int | str, gpus_per_trial: float, parameters: int) -> tup
     return GPU_PACKS_PER_TRIAL * memory_sized_pack(gpu_memory(gpus_per_trial), parameters), True
 
 
-def gpu_memory(gpus_per_trial: float) -> int:
+def gpu_memory(gpus_per_trial: float, timeout_s: float = GPU_PROBE_TIMEOUT_S, say=print) -> int:
     """The free memory of the GPU with the least of it, asked of a Ray task on every node that has GPUs (the
     driver may have none; nodes may hold different cards, or cards partly taken by others): a pack sized from
-    it fits on any of them. With no GPU node up yet (an autoscaler brings them), the first one to come says."""
+    it fits on any of them. With no GPU node up yet (an autoscaler brings them), the first one to come says.
+    A question still unanswered after `timeout_s` (no GPU node comes, or every card is held by other work) is
+    refused, saying how to size packs without it; while it waits, `say` says so once a minute."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -67,11 +77,28 @@ def gpu_memory(gpus_per_trial: float) -> int:
         return int(torch.cuda.mem_get_info()[0])
 
     nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("GPU", 0) > 0]
-    if not nodes:
-        return ray.get(free_memory.remote())
-    pinned = [free_memory.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
-              for node in nodes]
-    return min(ray.get(pinned))
+    asked = ([free_memory.remote()] if not nodes else
+             [free_memory.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
+              for node in nodes])
+    answers, pending = [], asked
+    began = time.monotonic()
+    notice = began + PROBE_NOTICE_S
+    while pending:
+        now = time.monotonic()
+        if now >= began + timeout_s:
+            for ref in pending:
+                ray.cancel(ref, force=True)
+            raise Refused([f"--pack auto: {len(pending)} of {len(asked)} GPU node(s) did not say how much of their "
+                           f"card's memory is free within {timeout_s:.0f} s (no GPU node up yet, or every card held "
+                           f"by other work with {gpus_per_trial} of a GPU not free; `ray status` shows which): give "
+                           "--pack N (trials a pack) to size packs without asking, or start once GPU nodes are up"])
+        done, pending = ray.wait(pending, num_returns=1, timeout=min(began + timeout_s, notice) - now)
+        answers += ray.get(done)  # a node's error (torch's, say) is raised as it comes
+        if not done and time.monotonic() >= notice:
+            say(f"--pack auto: waiting for {len(pending)} GPU node(s) to say how much card memory is free "
+                f"({notice - began:.0f} s of {timeout_s:.0f}; an autoscaler may still be bringing them up)", flush=True)
+            notice += PROBE_NOTICE_S
+    return min(answers)
 
 
 def fusable(trial: dict, pretrained) -> bool:

@@ -191,3 +191,31 @@ def test_auto_pack_sizing_does_not_wait_for_a_cpu_on_a_gpu_node_that_declares_no
     finally:
         ray.kill(holder)
         connected.remove_node(extra)
+
+
+def test_auto_pack_sizing_refuses_with_what_to_do_when_no_card_answers_in_time(connected):
+    # Every card held by other work (or no GPU node ever coming up) left `--pack auto` waiting without a word, for
+    # ever; now it says what it waits for, and after its bound refuses, naming --pack N as the way round.
+    import time
+
+    import ray
+
+    from sweep.packs import gpu_memory
+
+    @ray.remote(num_cpus=0, num_gpus=1)
+    class Holder:
+        def ready(self) -> bool:
+            return True
+
+    holder = Holder.remote()
+    ray.get(holder.ready.remote(), timeout=60)  # the worker's only card, held
+    said: list[str] = []
+    try:
+        tick = time.monotonic()
+        with pytest.raises(Refused, match=r"--pack N") as refused:
+            gpu_memory(1.0, timeout_s=3.0, say=lambda text, **_: said.append(text))
+        assert time.monotonic() - tick < 30, "refused at its bound, not left waiting"
+        assert "1 of 1 GPU node" in str(refused.value) and "3 s" in str(refused.value)
+    finally:
+        ray.kill(holder)
+    assert not said, "under a minute: no waiting notice yet"
