@@ -155,6 +155,31 @@ def test_a_pack_measures_its_peak_memory_and_the_probe_changes_nothing(quiet, sy
     assert torch.equal(probed.train_epoch()[0], plain.train_epoch()[0])
 
 
+def test_the_memory_probe_steps_on_a_batch_no_step_of_any_epoch_exceeds(quiet, synthetic):
+    # The probe stepped on the next epoch's step of the most tokens summed over the pack; a step where one trial's
+    # long sequences set the pack's width and packed length holds more (both count: [P, N, H] activations, and
+    # [P * B, heads, T, T] attention), so a pack sized by the probe could run out of memory at such a step.
+    from trainables.data import TokenizedSplit
+
+    rng = np.random.default_rng(0)
+    lengths = np.where(rng.random(200) < 0.1, 100, 4)  # a few long sequences among short ones
+    ids = rng.choice(synthetic.train.input_ids, size=int(lengths.sum())).astype(np.int32)
+    train = TokenizedSplit(input_ids=ids, token_type_ids=np.zeros_like(ids, dtype=np.int8),
+                           offsets=np.concatenate([[0], np.cumsum(lengths)]), labels=rng.integers(0, 2, size=200))
+    varied = dataclasses.replace(synthetic, train=train)
+    cfgs = [dataclasses.replace(c, train_size=120, subset_seed=s) for s, c in enumerate(MIXED[:3])]
+    pack = Pack(cfgs, varied, quiet)
+    probed: list = []
+    plan = pack.plan
+    pack.plan = lambda orders, *rest: probed.append(plan(orders, *rest)[0][0]) or plan(orders, *rest)
+    pack.peak_memory()
+    (batch,) = probed
+    bound = (batch.ids.shape[1], batch.keys.shape[-1])
+    for _ in range(3):
+        for step in plan(pack.orders())[0]:
+            assert step.ids.shape[1] <= bound[0] and step.keys.shape[-1] <= bound[1], (step.ids.shape, bound)
+
+
 def test_the_memory_accountant_counts_live_storages():
     weight = torch.zeros(1000, 250)  # 1 MB
     with MemoryAccountant() as accountant:

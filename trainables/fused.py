@@ -1515,12 +1515,15 @@ class Pack:
         return torch.stack(per_layer, dim=1).cpu().tolist()
 
     def peak_memory(self, split: TokenizedSplit | None = None) -> int:
-        """Bytes this pack holds at its peak: a training step on the longest batch of the next epoch (nothing
-        updated) and, with `split`, an evaluation batch of it (GPUs: the allocator's count; CPUs: a
-        MemoryAccountant's). The batch-order streams are left as they were."""
-        orders, _ = self.orders_ahead()
-        longest = max(range(len(orders[0])), key=lambda t: sum(self.data.train.lengths[o[t]].sum() for o in orders))
-        batches, labels = self.plan([[o[longest]] for o in orders])
+        """Bytes this pack holds at its peak: a training step (nothing updated) on each trial's `batch_size`
+        longest examples, and, with `split`, its evaluation batch of the most slots (GPUs: the allocator's count;
+        CPUs: a MemoryAccountant's). No step of any epoch holds more packed tokens or a longer sequence than that
+        batch, whatever the orders draw: the step of the most tokens summed over the pack (what was probed before)
+        can be shorter on both counts than another, whose one long-running trial sets the pack's width. No
+        batch-order stream is drawn from."""
+        size, lengths = self.cfgs[0].batch_size, self.data.train.lengths
+        largest = [s.rows[np.argsort(lengths[s.rows], kind="stable")[-size:]] for s in self.setups]
+        batches, labels = self.plan([[rows] for rows in largest])
 
         def run():
             self.step(batches[0], labels[0], update=False)
