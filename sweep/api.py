@@ -15,7 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import NamedTuple
 
-from sweep.config import Refused, Sweep, read_config, resolve
+from sweep.config import Refused, Sweep, options_of, read_config, resolve
+from sweep.experiments import TASK_FILE_DEFAULTS
 
 
 class Outcome(NamedTuple):
@@ -38,13 +39,30 @@ def configure(experiment: str | None = None, *, config: str | Path | None = None
     return resolve(experiment, {**given, **settings}, preset)
 
 
+def with_settings(sweep: Sweep, *, config: str | Path | None = None, preset: str | None = None,
+                  **settings) -> Sweep:
+    """A resolved Sweep with `settings` over its own, read as `--config <its sweep.yaml>` reads its options (an
+    unchanged Sweep when none are given)."""
+    if config is not None:
+        raise Refused([f"config: give a config file or a resolved Sweep, not both (given {config})"])
+    if not settings and preset is None:
+        return sweep
+    own = {k: v for k, v in sweep.settings().items() if k not in ("experiment", "preset")}
+    # what to do this time is not a setting the resolved config holds: a dry run stays one
+    own.update((o.name, getattr(sweep, o.name)) for o in options_of(sweep.experiment)
+               if not o.saved and o not in TASK_FILE_DEFAULTS)
+    return resolve(sweep.experiment, {**own, **settings}, preset or sweep.preset)
+
+
 def run(experiment: str | Sweep | None = None, /, *, config: str | Path | None = None, preset: str | None = None,
         callbacks=(), **settings) -> Outcome:
     """Run a sweep (what is not done yet) and return its rows and Tune's results."""
     from sweep.cli import execute, quiet_console
 
     quiet_console()
-    sweep = experiment if isinstance(experiment, Sweep) else configure(experiment, config=config, preset=preset,
-                                                                       **settings)
+    if isinstance(experiment, Sweep):
+        sweep = with_settings(experiment, config=config, preset=preset, **settings)
+    else:
+        sweep = configure(experiment, config=config, preset=preset, **settings)
     rows, results, _ = execute(sweep, callbacks=callbacks)
     return Outcome(rows, results, sweep)

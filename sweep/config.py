@@ -254,6 +254,7 @@ class Sweep:
 
 
 RUN_NAMES = {o.name for o in RUN}
+ALIASES = {"task_file": "task_files"}  # a setting's name spelled as its flag (--task-file)
 
 
 def resolve(experiment: str, given: dict, preset: str | None = None) -> Sweep:
@@ -262,7 +263,13 @@ def resolve(experiment: str, given: dict, preset: str | None = None) -> Sweep:
     if experiment not in EXPERIMENTS:
         raise Refused([f"experiment: '{experiment}' is not one of {', '.join(EXPERIMENTS)}"])
     options = {o.name: o for o in options_of(experiment)}
-    problems = unknown_settings(experiment, given)
+    problems = []
+    for alias, name in ALIASES.items():  # the flag's spelling (`task_file=`, as a config file may write it)
+        if alias in given:
+            if name in given:
+                problems.append(f"{name}: given twice, as {alias} and as {name}; keep one")
+            given = {name if key == alias else key: value for key, value in given.items()}
+    problems += unknown_settings(experiment, given)
     preset = preset or "demo"
     if preset not in PRESETS:
         problems.append(f"--preset: '{preset}' is not one of {', '.join(PRESETS)}")
@@ -302,7 +309,8 @@ def resolve(experiment: str, given: dict, preset: str | None = None) -> Sweep:
 
 
 def unknown_settings(experiment: str, given) -> list[str]:
-    names = {o.name for o in options_of(experiment)}
+    flags = {o.name: o.flag for o in options_of(experiment)}
+    names = set(flags)
     problems = []
     for name in given:
         if name in names:
@@ -313,7 +321,7 @@ def unknown_settings(experiment: str, given) -> list[str]:
         else:
             close = difflib.get_close_matches(name, sorted(names), n=1)
             problems.append(f"{flag_of(name)}: not a setting of {experiment}"
-                            + (f"; did you mean {flag_of(close[0])}?" if close else ""))
+                            + (f"; did you mean {flags[close[0]]}?" if close else ""))
     return problems
 
 
@@ -360,7 +368,9 @@ def read_config(path: str | Path) -> tuple[str | None, str | None, dict]:
         else:
             import yaml
 
-            document = yaml.safe_load(text)
+            document = yaml.load(text, Loader=_yaml_loader())
+    except KeyTwice as err:
+        raise Refused([f"--config: {path} {err}"]) from None
     except Exception as err:  # yaml.YAMLError, tomllib.TOMLDecodeError: they say where
         raise Refused([f"--config: {path} does not parse ({err})"]) from None
     if document is None:
@@ -370,12 +380,40 @@ def read_config(path: str | Path) -> tuple[str | None, str | None, dict]:
     settings, keys = {}, {}
     for key, value in document.items():
         name = str(key).replace("-", "_")
-        name = "task_files" if name == "task_file" else name  # the flag's spelling
+        name = ALIASES.get(name, name)
         if name in keys:  # one would silently win over the other
             raise Refused([f"--config: {path} gives {name} twice, as '{keys[name]}' and as '{key}'; keep one"])
         settings[name], keys[name] = value, key
     experiment, preset = settings.pop("experiment", None), settings.pop("preset", None)
     return experiment, preset, settings
+
+
+class KeyTwice(ValueError):
+    """A YAML mapping with a key given twice."""
+
+
+_LOADER = []
+
+
+def _yaml_loader():
+    """PyYAML's safe loader, but a key given twice is refused: PyYAML keeps the later value without a word (an
+    `lr` added below the file's own), where TOML and the command line's lists refuse a value given twice."""
+    if not _LOADER:
+        import yaml
+
+        def mapping(loader, node, deep=False):
+            seen = []
+            for key_node, _ in node.value:  # merged keys (<<: *anchor) are not among these: overriding them is meant
+                key, line = loader.construct_object(key_node, deep=True), key_node.start_mark.line + 1
+                if earlier := [at for other, at in seen if other == key]:
+                    raise KeyTwice(f"gives {key} twice (lines {earlier[0]} and {line}); keep one")
+                seen.append((key, line))
+            return loader.construct_mapping(node, deep)
+
+        loader = type("SweepLoader", (yaml.SafeLoader,), {})
+        loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+        _LOADER.append(loader)
+    return _LOADER[0]
 
 
 def to_yaml(sweep: Sweep) -> str:

@@ -3,6 +3,7 @@ Python API, the trial's Tune config and its row all made from that declaration; 
 resolved config, which reruns it exactly; every README example also runs from a config file."""
 from __future__ import annotations
 
+import dataclasses
 import re
 import shlex
 from pathlib import Path
@@ -293,3 +294,63 @@ def test_a_fraction_too_small_to_hold_out_from_is_refused_before_any_trial(exper
     assert main([*argv, "--fractions", "0.00001"]) == 2
     assert "--fractions: 1e-05 (sst2: 1 examples) leaves nothing to train" in capsys.readouterr().err
     assert main([*argv, "--fractions", "0.0001"]) == 0  # 7 examples: enough
+
+
+def test_a_list_or_mapping_for_one_value_is_refused_not_read_as_its_text(tmp_path):
+    """`name: [a]` (a list of one, as `tasks: [sst2]` is written) had become a sweep named "['a']", `storage: [x]`
+    a folder "['x']", `lr: [1e-4]` a refusal naming neither the value nor what is allowed."""
+    for key, value, allowed in [("name", ["a"], "sweep name"), ("storage", ["./x"], "where rows"),
+                                ("model", {"path": "minilm"}, "hub name"), ("lr", [1e-4], "a number"),
+                                ("tasks", [["synthetic"]], "GLUE names")]:
+        with pytest.raises(Refused) as refused:
+            configure("incremental", **{key: value})
+        said = str(refused.value)
+        assert f"--{key}: {value[0] if key == 'tasks' else value!r}" in said and f"allowed: {allowed}" in said, said
+    path = tmp_path / "c.yaml"
+    path.write_text("experiment: incremental\nname: [a]\n")
+    with pytest.raises(Refused, match=r"--name: \['a'\] is a list"):
+        parse_command_line(["--config", str(path)])
+    # Python's own sequences are lists: k=range(0, 13, 6) is k 0 6 12
+    assert configure("incremental", k=range(0, 13, 6), sizes=(500,)).grid.k == (0, 6, 12)
+
+
+def test_a_yaml_key_given_twice_is_refused_not_the_last_one_taken(tmp_path):
+    """TOML refuses a key given twice; YAML's loader kept the last (an `lr: 1e-4` added at the end of a file that
+    already had `lr: 2e-5` above ran whichever came last, without a word)."""
+    path = tmp_path / "c.yaml"
+    path.write_text("experiment: incremental\nlr: 1e-4\nk: [0, 3]\nlr: 2e-5\n")
+    with pytest.raises(Refused, match=r"--config: .*c\.yaml gives lr twice \(lines 2 and 4\); keep one"):
+        read_config(path)
+    path.write_text("experiment: incremental\nbase: &b {lr: 1e-4}\n")  # anchors and merges still read
+    assert read_config(path)[2] == {"base": {"lr": "1e-4"}}
+
+
+def test_run_applies_the_settings_given_beside_a_resolved_sweep(monkeypatch, tmp_path):
+    """run(sweep, trials=5) ran `sweep` as it was, dropping trials=5 without a word; the settings given beside it
+    override its own (as `--config <its sweep.yaml> --trials 5` does), and a dry run stays a dry run."""
+    import sweep.api
+
+    ran = []
+    monkeypatch.setattr(sweep.cli, "execute", lambda value, callbacks=(): ran.append(value) or (None, None, 0))
+    monkeypatch.setattr(sweep.cli, "quiet_console", lambda: None)
+    first = configure("incremental", sizes=[16], k=[0], storage=str(tmp_path), dry_run=True)
+    sweep.api.run(first)
+    sweep.api.run(first, trials=5, lr=1e-4)
+    assert ran[0] is first
+    assert ran[1].grid.trials == ((0, 5),) and ran[1].grid.lr == 1e-4 and ran[1].run.dry_run
+    assert ran[1].grid == dataclasses.replace(first.grid, trials=((0, 5),), lr=1e-4)
+    with pytest.raises(Refused, match="config: give a config file or a resolved Sweep, not both"):
+        sweep.api.run(first, config=str(tmp_path / "x.yaml"))
+
+
+def test_the_api_takes_the_flags_spelling_of_task_files_as_a_config_file_does(tmp_path):
+    """`task_file=[...]` (the flag's and a config file's spelling) was refused as "--task-file: not a setting ...;
+    did you mean --task-files?", a flag that does not exist."""
+    word = f"own={tmp_path},text=t,label=l"
+    given = configure("incremental", tasks=["own"], task_file=[word])
+    assert given.grid == configure("incremental", tasks=["own"], task_files=[word]).grid and "task_files" in given.given
+    with pytest.raises(Refused) as refused:
+        configure("incremental", tasks=["own"], task_filez=[word])
+    assert "--task-filez: not a setting of incremental; did you mean --task-file?" in str(refused.value)
+    with pytest.raises(Refused, match="task_files: given twice, as task_file and as task_files; keep one"):
+        configure("incremental", tasks=["own"], task_file=[word], task_files=[word])

@@ -15,7 +15,8 @@ import dataclasses
 import math
 import re
 import typing
-from typing import Callable, Iterable
+from collections.abc import Iterable, Mapping
+from typing import Callable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,7 +112,7 @@ class Option:
                 return value.lower() in ("true", "yes", "on")
             raise ValueError(f"{name}: {value!r} is not true or false")
         if self.nargs is not None:
-            items = list(value) if isinstance(value, (list, tuple)) else [value]
+            items = list(value) if _is_list(value) else [value]
             # The command line's nargs "+" needs a value; a file's [] would otherwise mean none (k, tasks) or,
             # for a default of None, every one (layers): the opposite of what an empty list looks like.
             if not items and self.nargs == "+" and self.default != () and not empty:
@@ -152,6 +153,10 @@ class Option:
         if value is None:
             return None
         convert = self.type or str
+        if convert in (int, float, str) and isinstance(value, (Mapping, list, tuple, set, frozenset)):
+            # str() would make a list of one a sweep named "['a']" or a folder "['x']"
+            kind = "a mapping" if isinstance(value, Mapping) else "a list"
+            raise ValueError(f"{name}: {value!r} is {kind}, not one value; allowed: {self.allowed()}")
         if isinstance(value, bool) and convert not in (int, float):
             value = self._boolean_word(value, name)
         if isinstance(value, bool) and convert in (int, float):
@@ -223,6 +228,12 @@ class Option:
         if self.check is not None and not reasons:
             reasons += list(self.check(value, limits))
         return [f"{self.flag}: {reason}" for reason in reasons]
+
+
+def _is_list(value) -> bool:
+    """Whether a value given for a list is its items: a list, a tuple, or another Python sequence (the API's
+    k=range(0, 13, 6), a numpy array), but not a word or a mapping (one --task-file's own columns)."""
+    return isinstance(value, Iterable) and not isinstance(value, (str, bytes, Mapping))
 
 
 def _first_clause(help: str) -> str:
