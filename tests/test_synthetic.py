@@ -130,3 +130,15 @@ def test_scrambles_also_avoid_english_orders_the_generator_never_writes():
         assert synthetic.GRAMMAR.fullmatch(shape), shape
     for shape in ("DNVDNDN", "DDNVN", "DNWBPDN"):
         assert not synthetic.GRAMMAR.fullmatch(shape), shape
+
+
+def test_the_second_word_leaks_the_label_as_the_docs_say(splits):
+    # The docstring and README once said no position gives the answer away; a sentence's second word is always an
+    # adjective or a noun, a scramble's any word. They now state the leak; this holds them to it.
+    train, validation = splits
+    second = lambda row: row["text_a"].split()[1]  # noqa: E731
+    votes: dict[str, Counter] = {}
+    for row in train:
+        votes.setdefault(second(row), Counter())[row["label"]] += 1
+    hits = sum(votes[second(row)].most_common(1)[0][0] == row["label"] for row in validation if second(row) in votes)
+    assert 0.80 <= hits / len(validation) <= 0.85, hits / len(validation)

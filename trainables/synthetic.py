@@ -10,8 +10,14 @@ not only the word embeddings, because the sweep keeps embeddings pretrained and 
   word, in either sentence or in the pair, tells the label: a bag of words is at chance.
 - The label is word order: telling English from a scramble of it takes the syntax that pretraining put in
   the layers, and a freshly initialized encoder cannot learn it from a few hundred examples.
-- A scramble keeps the first and the last word in place, so no single position gives the answer away, and
-  it is never itself a sentence of the grammar below (a swap of two nouns or adjectives would be).
+- A scramble keeps the first and the last word in place and is never itself a sentence of the grammar below
+  (a swap of two nouns or adjectives would be). Word *positions* do leak, though: a sentence's second word is
+  always an adjective or a noun, a scramble's any word, so text_a's second word alone tells the label of 82%
+  of validation pairs, and a linear model over (side, position, word) reaches 0.94 from 500 training examples.
+  Pretrained word and position embeddings, which every condition keeps, hold that much. Fresh layers do not
+  find it at the demo's settings (500 examples, lr 2e-5: k = 0 at 0.50-0.51), but with far more examples or
+  a larger learning rate a reinitialized encoder may score partly by it: the synthetic curve is a demo of the
+  method, not a measurement of what pretrained layers hold.
 
 Why word order rather than who-did-what-to-whom ("the dog chased the cat" / "the cat was chased by the
 dog"): both keep the bag of words balanced, but on the role task MiniLM finetuned on 500 examples sits at
