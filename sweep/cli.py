@@ -557,7 +557,7 @@ def plan(sweep: Sweep, dry_run: bool) -> Planned:
                 if len(stored) == 0 and sweep.run.target_ci is None:
                     ray_started = start_ray_if_none(sweep.run.address)
                 pretrained, raw = loading.result()
-            grid = with_fingerprints(grid, {t: raw[t] for t in tasks}, pretrained)
+            grid = with_fingerprints(grid, {t: raw[t] for t in tasks}, pretrained, stored)
             sweep = dataclasses.replace(sweep, grid=grid)
         specs = experiment.build(grid_settings(grid, sweep), limits.num_layers, limits.num_heads)
         lines = []

@@ -18,12 +18,25 @@ from sweep.grid import TrialSpec
 FINGERPRINTS = ("data_fingerprint", "model_fingerprint")
 
 
-def with_fingerprints(settings, raw: dict, pretrained):
-    """`settings` with the fingerprints of the loaded tasks (`raw`: name -> TaskData) and weights."""
+def with_fingerprints(settings, raw: dict, pretrained, stored: pd.DataFrame | None = None):
+    """`settings` with the fingerprints of the loaded tasks (`raw`: name -> TaskData) and weights. A task whose
+    rows in `stored` carry the fingerprint its data had under the earlier formula keeps that one: those rows stay
+    done, and the trials still to run stay one condition with them."""
     from trainables.models import weights_fingerprint
-    from trainables.tasks import data_fingerprint
+    from trainables.tasks import data_fingerprint, legacy_data_fingerprint
 
-    return dataclasses.replace(settings, data_fingerprints=tuple((t, data_fingerprint(d)) for t, d in raw.items()),
+    recorded = set()
+    if stored is not None and "data_fingerprint" in stored.columns:
+        recorded = {part for value in stored["data_fingerprint"].dropna().unique() for part in value.split("+")}
+
+    def fingerprint(data) -> str:
+        now = data_fingerprint(data)
+        if now in recorded or not recorded:
+            return now
+        legacy = legacy_data_fingerprint(data)
+        return legacy if legacy in recorded else now
+
+    return dataclasses.replace(settings, data_fingerprints=tuple((t, fingerprint(d)) for t, d in raw.items()),
                                model_fingerprint=weights_fingerprint(pretrained))
 
 

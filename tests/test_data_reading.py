@@ -69,3 +69,67 @@ def test_the_token_cache_tells_left_from_right_truncation(tmp_path):
     expected = left(["one two three four five six seven eight"], truncation=True, max_length=5)["input_ids"][0]
     assert from_left.input_ids.tolist() == expected
     assert from_right.input_ids.tolist() != from_left.input_ids.tolist()
+
+
+def two_splits(table):
+    import datasets
+
+    from trainables.tasks import Task, TaskData
+
+    task = Task("mine", ("text",), 2, "accuracy", None)
+    return TaskData(task, datasets.Dataset(table), datasets.Dataset(table.slice(1)), "file:/x")
+
+
+def test_the_data_fingerprint_is_of_the_values_not_of_how_a_library_serializes_them():
+    # It was datasets' Hasher over the Arrow tables: their schema metadata as this datasets version writes it
+    # (2.x added "id": null), the pickle of datasets' own helper (Python's bytecode) and its pickling scheme
+    # (changed in datasets 5). Another Python, datasets or dill then changed every fingerprint, and a rerun
+    # redid every finished trial as "data changed".
+    import pyarrow as pa
+
+    from trainables.tasks import data_fingerprint
+
+    table = pa.table({"text_a": ["good fun", "dull", 'a "so-called" thriller'], "label": pa.array([1, 0, 0])})
+    now = table.replace_schema_metadata({b"huggingface": b'{"info": {"features": {"text_a": {"dtype": "string", '
+                                         b'"_type": "Value"}, "label": {"dtype": "int64", "_type": "Value"}}}}'})
+    older = now.replace_schema_metadata({b"huggingface": now.schema.metadata[b"huggingface"].replace(
+        b'"_type"', b'"id": null, "_type"')})
+    wide = now.cast(pa.schema([("text_a", pa.large_string()), ("label", pa.int64())], now.schema.metadata))
+    fingerprints = {data_fingerprint(two_splits(t)) for t in (now, older, wide)}
+    assert fingerprints == {"8d0cbba0f1fc28c0"}  # on every Python, datasets and pyarrow
+
+
+def test_a_store_whose_rows_carry_the_earlier_fingerprint_keeps_it():
+    # Its trials stay done, and those still to run stay one condition with them (not split by fingerprint).
+    import dataclasses
+    import types
+
+    import pandas as pd
+    import pyarrow as pa
+
+    from sweep.fingerprints import with_fingerprints
+    from trainables.tasks import data_fingerprint, legacy_data_fingerprint
+
+    @dataclasses.dataclass(frozen=True)
+    class Settings:
+        data_fingerprints: tuple = ()
+        model_fingerprint: str | None = None
+
+    data = two_splits(pa.table({"text_a": ["good fun", "dull", "fine"], "label": [1, 0, 1]}))
+    weights = types.SimpleNamespace(state_dict={})
+
+    def planned(*fingerprints) -> str:
+        stored = pd.DataFrame({"trial_id": [f"t{i}" for i in range(len(fingerprints))],
+                               "data_fingerprint": fingerprints})
+        return dict(with_fingerprints(Settings(), {"mine": data}, weights, stored).data_fingerprints)["mine"]
+
+    legacy, now = legacy_data_fingerprint(data), data_fingerprint(data)
+    assert planned(f"0123456789abcdef+{legacy}", None) == legacy  # a sequential row: intermediate+final
+    assert planned() == planned("0123456789abcdef") == planned(legacy, now) == now
+
+
+def test_a_blank_label_is_refused_not_made_a_class_of_its_own(tmp_path):
+    # A label of spaces passed the "no label" check and trained as a third class, named "".
+    lines = ["text\tlabel", "good\tpos", "bad\tneg", "meh\t ", "fine\tpos"]
+    with pytest.raises(ValueError, match=r"train.tsv, line 4: no label in column 'label'"):
+        load_task_source(tsv_task(tmp_path / "blank", lines))

@@ -82,7 +82,27 @@ class TaskData:
 def data_fingerprint(task_data: TaskData) -> str:
     """A hash of what a task's trials read: its train and validation splits' content (whichever source they
     came from: files, the hub, the built-in generator). Another revision of a hub dataset, an edited file or
-    a different folder of the same content give other, or the same, fingerprints accordingly."""
+    a different folder of the same content give other, or the same, fingerprints accordingly.
+
+    It hashes the column names and values as JSON, nothing a library chooses: datasets' Hasher also hashed
+    the schema metadata datasets writes, its pickling scheme and Python's bytecode of its helper, so another
+    Python or datasets changed every fingerprint and a rerun redid every finished trial."""
+    import hashlib
+
+    digest = hashlib.blake2b(digest_size=8)
+    for split in (task_data.train, task_data.validation):
+        table = split.data.table
+        digest.update(json.dumps([table.num_rows, table.column_names]).encode())
+        for column in table.columns:
+            for start in range(0, len(column), 10_000):  # bounded memory: a split's texts are never one string
+                values = column.slice(start, 10_000).to_pylist()
+                digest.update(json.dumps(values, ensure_ascii=False, sort_keys=True, default=str).encode())
+    return digest.hexdigest()
+
+
+def legacy_data_fingerprint(task_data: TaskData) -> str:
+    """data_fingerprint as rows written up to 2026-11-28 recorded it (datasets' Hasher: the same only under the
+    same Python, datasets and dill); sweep.fingerprints keeps it for a store whose rows carry it."""
     from datasets.fingerprint import Hasher
 
     return Hasher.hash([task_data.train.data.table, task_data.validation.data.table])[:16]
@@ -334,8 +354,9 @@ def read_records(source: TaskSource, split: str) -> Records:
     for place, record in records:
         label = record.get(source.label_column)
         # NaN too: JSON lines and Parquet's float columns give it for a missing value (a class "nan", or a
-        # regression target that makes every step's loss nan)
-        if label is None or label == "" or isinstance(label, float) and math.isnan(label):
+        # regression target that makes every step's loss nan); blanks too, which became a class "" of their own
+        blank = isinstance(label, str) and not label.strip()
+        if label is None or blank or isinstance(label, float) and math.isnan(label):
             raise ValueError(f"{place}: no label in column '{source.label_column}'")
     return records
 
