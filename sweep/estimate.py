@@ -62,9 +62,11 @@ PRIOR_ROWS = 4
 STARTUP_SECONDS, TRIAL_OVERHEAD_SECONDS, STAGE_SECONDS = 25.0, 2.0, 8.0
 # Tokens per example (mean, mean of squares) of the train and dev splits of tasks counted without their data (a
 # hub task in a dry run): measured with the BERT uncased vocabulary on the GLUE files here (QNLI's train split is
-# not here: its dev split's figures); any other task: DEFAULT_TOKENS.
+# not here: its dev split's figures); any other task: DEFAULT_TOKENS. SQuAD 2.0: per question, over its windows
+# at its default --max-length 384 (1.02-1.03 a question), on the slices here (train: the official split's first
+# 10 articles, 4,719 questions; dev: its first, 208).
 TYPICAL_TOKENS = {"sst2": ((13.3, 269.0), (25.5, 764.0)), "cola": ((11.3, 145.0), (11.7, 159.0)),
-                  "qnli": ((51.0, 2947.0), (51.0, 2947.0))}
+                  "qnli": ((51.0, 2947.0), (51.0, 2947.0)), "squad_v2": ((174.0, 35317.0), (161.8, 30447.0))}
 DEFAULT_TOKENS = ((64.0, 64.0**2 * 1.25),) * 2
 DEV_SIZES = {"sst2": 872, "cola": 1043, "qnli": 5463, "rte": 277, "mrpc": 408, "stsb": 1500, "wnli": 71,
              "squad_v2": 11873}  # GLUE's dev splits, for hub tasks counted without their data
@@ -494,10 +496,16 @@ def observed_slots(rows: pd.DataFrame) -> int:
     return max(1, best)
 
 
+def work_units(rows: pd.DataFrame) -> pd.Series:
+    """Subset size x epochs of each row (NaN where either is unknown)."""
+    return pd.to_numeric(rows["train_size"], errors="coerce").astype(float) * \
+        pd.to_numeric(rows["epochs"], errors="coerce").astype(float)
+
+
 def remaining_line(trials: pd.DataFrame, stored: pd.DataFrame, not_run: str) -> str:
     """`sweep status`'s estimate of what a sweep has left: its trials not yet run, each at the mean FLOPs of
-    the finished trials of its cell (task, size, epochs), at the rate of its finished rows, on as many slots
-    as its rows show at once."""
+    the finished trials of its cell (task, size, epochs; a cell without any: scaled by size x epochs from its
+    task's), at the rate of its finished rows, on as many slots as its rows show at once."""
     left = trials[trials["state"] == not_run]
     if left.empty:
         return "remaining: nothing planned is left to run"
@@ -510,10 +518,17 @@ def remaining_line(trials: pd.DataFrame, stored: pd.DataFrame, not_run: str) -> 
     if measured is None:
         return f"remaining: {len(left)} trials; its rows ran on a device without a known peak"
     cell = ["task", "train_size", "epochs"]
-    means = ok.assign(model_flops=pd.to_numeric(ok["model_flops"], errors="coerce")).groupby(cell)["model_flops"].mean()
+    ok = ok.assign(model_flops=pd.to_numeric(ok["model_flops"], errors="coerce"))
+    means = ok.groupby(cell)["model_flops"].mean()
     keys = pd.MultiIndex.from_frame(left[cell].astype(object))
     flops = means.reindex(keys).to_numpy(float)
-    flops = np.where(np.isfinite(flops), flops, float(np.nanmean(means.to_numpy(float))))
+    # A cell none of whose trials has finished (a grid's larger subsets run after its small ones): the FLOPs per
+    # example-epoch of its task's finished rows (else every task's), times its own; their mean would price a
+    # 5k-example trial as a 500-example one.
+    per_unit = ok["model_flops"] / work_units(ok)
+    by_task = per_unit.groupby(ok["task"]).mean().reindex(left["task"]).to_numpy(float)
+    scaled = np.where(np.isfinite(by_task), by_task, float(per_unit.mean())) * work_units(left).to_numpy(float)
+    flops = np.where(np.isfinite(flops), flops, np.where(np.isfinite(scaled), scaled, float(means.mean())))
     slots = observed_slots(ok)
     rate = Rate(device, measured[1], measured[0], slots, "", overhead=trial_overhead(device), share=1.0)
     seconds = sweep_seconds(flops, rate, started=True)

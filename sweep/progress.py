@@ -5,9 +5,9 @@ trials' epochs, the time so far and an ETA; each trial that ends leaves a line a
 `ray job logs`, where a line redrawn in place would pile up): the same status as plain lines, one per ended
 trial and one every `interval` seconds in between.
 
-The ETA counts work, not trials: a trial's work is its subset size times its epochs, and every reported
-epoch counts, so the ETA is there from the first epochs on, long before the first trial ends, and a grid
-of mixed subset sizes does not read small trials' pace as large ones'.
+The ETA counts work, not trials: a trial's work is its subset size times its epochs (twice that with an
+intermediate task), and every reported epoch counts, so the ETA is there from the first epochs on, long before
+the first trial ends, and a grid of mixed subset sizes does not read small trials' pace as large ones'.
 """
 from __future__ import annotations
 
@@ -24,6 +24,12 @@ from sweep.packs import pack_results
 SHOWN_RUNNING = 3  # running trials named on the line; the rest are counted
 
 
+def trial_work(spec) -> float:
+    """A trial's work: its subset size x epochs, twice that for sequential finetuning, whose intermediate round
+    trains a subset of the same size for as many epochs before its first report."""
+    return spec.train_size * spec.epochs * (2 if spec.intermediate_task else 1)
+
+
 def short_name(trial_id: str) -> str:
     """A trial_id without its experiment and digest: `incremental-sst2-n500-k3-t0-1a2b3c4d5e` -> `sst2-n500-k3-t0`."""
     return trial_id.split("-", 1)[-1].rsplit("-", 1)[0]
@@ -34,7 +40,7 @@ def minutes(seconds: float) -> str:
 
 
 class ProgressView(Callback):
-    """`work`: trial_id -> subset size x epochs of every trial this run may train. `interval`: seconds
+    """`work`: trial_id -> `trial_work` of every trial this run may train. `interval`: seconds
     between two plain status lines when nothing ends. Holds no stream (Tune pickles its callbacks with the
     experiment)."""
 
@@ -59,11 +65,15 @@ class ProgressView(Callback):
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         self.see(trials)
-        for trial_id, epochs, report in member_reports(trial, result):
+        for trial_id, epochs, report, rounds in member_reports(trial, result):
             epoch = report.get("epoch")
             if epoch and epochs:
-                self.first_fraction.setdefault(trial_id, report.get("resumed_from_epoch", 0) / epochs)
-                self.fraction[trial_id] = epoch / epochs
+                # A sequential trial reports its final task's epochs, each after its intermediate round (and a
+                # saved state is past that round).
+                before = report.get("resumed_from_epoch", 0)
+                self.first_fraction.setdefault(trial_id, (before + (rounds - 1) * epochs) / (rounds * epochs)
+                                               if before else 0.0)
+                self.fraction[trial_id] = (epoch + (rounds - 1) * epochs) / (rounds * epochs)
                 # Not shown as running once ended: its last report reaches this view after its row, and a pack
                 # repeats a diverged member's last report at every epoch after.
                 if trial_id not in self.ended:
@@ -161,10 +171,9 @@ def members(trial) -> list[dict]:
     return trial.config["trial"].get("pack", [trial.config["trial"]])
 
 
-def member_reports(trial, result: dict) -> list[tuple[str, int, dict]]:
-    """(trial_id, epochs, latest report) of each trial a Tune trial runs; a pack reports its members'
-    under `pack_results` (trainables.tune_trainable.run_pack)."""
-    if "pack" not in trial.config["trial"]:
-        return [(trial.config["trial"]["trial_id"], trial.config["trial"]["finetune"]["epochs"], result)]
-    by_id = pack_results(result)
-    return [(m["trial_id"], m["finetune"]["epochs"], by_id.get(m["trial_id"], {})) for m in members(trial)]
+def member_reports(trial, result: dict) -> list[tuple[str, int, dict, int]]:
+    """(trial_id, epochs, latest report, rounds of training: 2 with an intermediate task) of each trial a Tune
+    trial runs; a pack reports its members' under `pack_results` (trainables.tune_trainable.run_pack)."""
+    by_id = pack_results(result) if "pack" in trial.config["trial"] else {trial.config["trial"]["trial_id"]: result}
+    return [(m["trial_id"], m["finetune"]["epochs"], by_id.get(m["trial_id"], {}),
+             2 if m["finetune"].get("intermediate_task") else 1) for m in members(trial)]

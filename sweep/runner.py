@@ -204,7 +204,7 @@ def run_trials(
 
     import ray
 
-    from sweep.progress import ProgressView
+    from sweep.progress import ProgressView, trial_work
 
     if options is None:
         options = RunSettings()
@@ -229,7 +229,7 @@ def run_trials(
         fused = sum("pack" in unit for unit in units)
         print(f"--pack {options.pack}: up to {size} trial{'s' * (size > 1)} a fused pack; {len(specs)} "
               f"trials in {len(units)} Tune trials, {fused} of them fused packs", flush=True)
-    progress = ProgressView({s.trial_id: s.train_size * s.epochs for s in specs})
+    progress = ProgressView({s.trial_id: trial_work(s) for s in specs})
     writer = RowWriter(folder, keep_checkpoints=keep_checkpoints, progress=progress)
     tuner = make_tuner(
         trainable, param_space={"trial": tune.grid_search(units)}, name=experiment_name(), storage_path=tune_dir,

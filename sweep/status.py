@@ -14,15 +14,16 @@ import datetime
 import hashlib
 import json
 import shlex
+import time
 
 import pandas as pd
 import pyarrow.fs
 
 from sweep.estimate import remaining_line
-from sweep.lock import LOCK, read_lock
+from sweep.lock import LOCK, read_lock, why_gone
 from sweep.store import filesystem, join, location, rows_dir, sweep_dir
 from trialrows.precision import PILOT, precision_table
-from trialrows.read import quarantine_file
+from trialrows.read import QUARANTINE, quarantine_file
 
 PLANS = "plans"
 NOT_RUN = "not yet run"
@@ -123,11 +124,26 @@ def tally(states_seen: pd.Series, order: list[str]) -> str:
     return ", ".join(f"{SHOWN.get(state, state)} {counts[state]}" for state in order if state in counts)
 
 
-def rerun_line(plans: list[dict], trials: pd.DataFrame) -> str:
-    """What running the newest recorded command again would do."""
+def set_aside_plans(sweep: str) -> list[str]:
+    """The sweep's recorded grids that a read set aside as damaged (trialrows.read.quarantine_file)."""
+    fs, path = filesystem(join(sweep, QUARANTINE))
+    found = fs.get_file_info(pyarrow.fs.FileSelector(path, allow_not_found=True))
+    return sorted(f.path for f in found if f.is_file and f.base_name.startswith(f"{PLANS}-"))
+
+
+def no_grid(damaged: list[str]) -> str:
+    """Why a sweep has no readable grid: its grid was damaged, or it ran before grids were recorded."""
+    if damaged:
+        return (f"its recorded grid was set aside as damaged ({', '.join(damaged)}): trials it never ran are not "
+                "counted; running its command again records it anew")
+    return "no grid is recorded for this sweep (it ran before `status` existed): trials it never ran are not counted"
+
+
+def rerun_line(plans: list[dict], trials: pd.DataFrame, damaged=()) -> str:
+    """What running the newest recorded command again would do (`damaged`: the grids set aside, when none is
+    left to read)."""
     if not plans:
-        return ("no grid is recorded for this sweep (it ran before `status` existed): trials it never ran are not "
-                "counted; a rerun retries its failed trials and runs the grid's missing ones")
+        return f"{no_grid(damaged)}; a rerun retries its failed trials and runs the grid's missing ones"
     latest = plans[-1]
     mine = trials[trials["trial_id"].isin({row["trial_id"] for row in latest["trials"]})]
     skipped = mine["state"].isin(latest["rerun_skips"])
@@ -147,15 +163,16 @@ def status(storage: str, name: str) -> str:
     from trialrows.read import read_results
 
     plans = read_plans(sweep)
+    damaged = [] if plans else set_aside_plans(sweep)
     stored = read_results(rows_dir(storage, name)) if is_dir(rows_dir(storage, name)) else pd.DataFrame(
         columns=["trial_id", "status"])
     trials = trial_table(plans, stored)
     if not len(trials):
-        return f"{sweep}: no rows and no recorded grid yet"
+        return f"{sweep}: no rows; {no_grid(damaged)}" if damaged else f"{sweep}: no rows and no recorded grid yet"
     lines = [
         f"{sweep}: {len(trials)} trials; {tally(trials['state'], states(trials))}",
         cell_counts(trials).to_string(index=False),
-        rerun_line(plans, trials),
+        rerun_line(plans, trials, damaged),
         *precision_lines(trials, stored),
         remaining_line(trials, stored, NOT_RUN),
     ]
@@ -165,9 +182,20 @@ def status(storage: str, name: str) -> str:
                      "change to them since is not detected for those trials")
     holder = read_lock(fs, f"{path}/{LOCK}")
     if holder is not None:
-        lines.append(f"being written now by `{holder.get('command')}` on {holder.get('host')} (pid {holder.get('pid')}, "
-                     f"since {holder.get('started_at')})")
+        lines.append(lock_line(holder))
     return "\n".join(lines)
+
+
+def lock_line(holder: dict) -> str:
+    """Who holds the sweep's lock, or that its holder is gone: a killed driver leaves its lock behind, and that
+    sweep is not running, whatever the file says (the next command takes it over, sweep.lock)."""
+    since = f", since {holder['started_at']}" if holder.get("started_at") else ""
+    who = f"`{holder.get('command')}` on {holder.get('host')} (pid {holder.get('pid')}{since})"
+    gone = why_gone(holder, time.time())
+    if gone:
+        return (f"a lock left by {who}: {gone}; nothing writes this sweep now, and the next command for it takes the "
+                "lock over")
+    return f"being written now by {who}"
 
 
 def unfingerprinted(stored: pd.DataFrame) -> int:

@@ -110,3 +110,46 @@ def test_an_fp32_gpu_estimate_without_rows_uses_a_default_derived_for_fp32(devic
     assert bf16.mfu == DEFAULT_MFU["gpu"] and "stated default" in bf16.source
     if device == "h100":
         assert 3 < (bf16.mfu * bf16.peak) / (fp32.mfu * fp32.peak) < 7
+
+
+def test_status_prices_a_cell_with_no_finished_row_by_its_own_size_and_epochs():
+    from sweep.estimate import remaining_line
+
+    # Two 500-example, 5-epoch trials ran side by side at 1e11 FLOP/s each; a 5k-example, 3-epoch one is left
+    # (the paper's grid runs its small subsets first): 6x their work, not their mean.
+    stored = pd.DataFrame({
+        "trial_id": ["a", "b"], "status": ["ok", "ok"], "task": ["sst2"] * 2, "model": ["m"] * 2,
+        "train_size": pd.array([500, 500], dtype="Int64"), "epochs": pd.array([5, 5], dtype="Int64"),
+        "device": ["cpu"] * 2, "model_flops": [1e13, 1e13], "wall_seconds": [100.0, 100.0], "peak_flops": [2e11] * 2,
+        "finished_at": ["2026-11-24T00:01:40+0000"] * 2})
+    trials = pd.DataFrame({"trial_id": ["a", "b", "c", "d"], "task": ["sst2"] * 4, "train_size": [500, 500, 500, 5000],
+                           "epochs": [5, 5, 5, 3], "state": ["ok", "ok", "not yet run", "not yet run"]})
+    line = remaining_line(trials, stored, "not yet run")
+    assert line.startswith("remaining: 2 trials not yet run (or running), about 10.0 min on 2 slots"), line
+
+
+def test_a_squad_v2_trial_a_dry_run_cannot_read_is_priced_at_squad_windows_not_sentences(tiny_bert, monkeypatch):
+    # Counted from 64 tokens a question (any unknown task's), a hub squad_v2 sweep was priced at a third of its
+    # FLOPs: its questions come with their contexts, 170-odd tokens a window at 384.
+    from pathlib import Path
+
+    from sweep import estimate
+    from sweep.experiments import EXPERIMENTS, GridSettings
+    from sweep.grid import data_key
+    from trainables.models import load_tokenizer
+    from trainables.qa import tokenize_qa_task
+    from trainables.tasks import load_squad
+
+    folder = Path(__file__).resolve().parents[2] / "shared" / "data" / "squad2"
+    if not (folder / "train-v2.0.json").exists():
+        pytest.skip(f"the shared SQuAD 2.0 slices are not at {folder}")
+    raw = load_squad(str(folder))
+    raw = dataclasses.replace(raw, train=raw.train.select(range(0, len(raw.train), 16)))  # every article's questions
+    tokenized = tokenize_qa_task(raw, load_tokenizer(tiny_bert), "tiny", 384)
+    settings = GridSettings.of(model=tiny_bert, tasks=("squad_v2",), sizes=(200,), trials=((0, 1),), k=(2,), epochs=2,
+                               max_length=384)
+    spec = EXPERIMENTS["incremental"].build(settings, 4, 4)[0]
+    shape = estimate.model_shape(tiny_bert, 4, 2)
+    counted = trial_flops(spec, {data_key("squad_v2", 384): tokenized}, shape)
+    monkeypatch.setitem(estimate.DEV_SIZES, "squad_v2", len(raw.validation))  # the slice's dev split, not the hub's
+    assert 0.8 < trial_flops(spec, None, shape) / counted < 1.25, "typical lengths within 25% of a subset's own"

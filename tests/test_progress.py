@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sweep.progress import ProgressView, minutes
+from sweep.progress import ProgressView, minutes, trial_work
 from sweep.runner import RowWriter
 from trainables.rows import make_row, with_ended
 
@@ -181,3 +181,21 @@ def test_a_pack_counts_and_ends_each_member(capsys, tmp_path):
     assert out[0].endswith(f"ended: {ids[0]} ok dev_metric=0.7500")
     assert out[0].startswith("[2/2] ok 1 · diverged 1 · failed 0 · running 0 · pending 0")
     assert sorted(p.stem for p in tmp_path.glob("*.parquet")) == sorted(ids), "each member lands its own row"
+
+
+def test_a_sequential_trials_eta_counts_its_intermediate_round():
+    from types import SimpleNamespace
+
+    ids = ["sequential-sst2-n100-k6-t0-aaaaaaaaaa", "sequential-sst2-n100-k6-t1-bbbbbbbbbb"]
+    clock, trials = Clock(), [FakeTrial(t, 2) for t in ids]
+    for trial in trials:
+        trial.config["trial"]["finetune"]["intermediate_task"] = "cola"
+    spec = SimpleNamespace(train_size=100, epochs=2, intermediate_task="cola")
+    view = ProgressView({t: trial_work(spec) for t in ids}, interval=30, clock=clock)
+    trials[0].status, clock.now = "RUNNING", 30
+    view.on_trial_result(0, trials, trials[0], {"epoch": 1})
+    # Its first report came after the intermediate round's 2 epochs and 1 of its own: 300 of its 400 in 30 s, and
+    # 100 + 400 left (counted as 100 of 200, the ETA had been 90 s).
+    assert view.eta() == 500 * 30 / 300
+    view.on_trial_result(1, trials, trials[1], {"epoch": 2, "resumed_from_epoch": 1})
+    assert view.first_fraction[ids[1]] == 3 / 4, "a saved state is past the intermediate round"

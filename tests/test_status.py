@@ -83,3 +83,48 @@ def test_status_counts_every_trial_of_a_search_budget(tiny_bert, tmp_path, monke
     main(["status", "--storage", str(tmp_path), "search"])
     out = capsys.readouterr().out
     assert "6 trials; done 1, not yet run 5" in out and "would run 5 trials (not yet run 5) and skip 1 (done 1)" in out
+
+
+def test_status_says_a_lock_whose_holder_is_gone_is_left_behind_not_being_written(tmp_path, capsys):
+    import json
+    import os
+    import platform
+    import subprocess
+    import time
+
+    from sweep.lock import LOCK, pid_namespace
+    from sweep.status import record_plan
+
+    where = sweep_dir(str(tmp_path), "sw")
+    record_plan(where, ["incremental"], "incremental", [{"trial_id": "t0", "experiment": "incremental", "task": "sst2",
+                                                         "train_size": 500}], ("ok", "diverged"))
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    for pid in (ended.pid, os.getpid()):  # a killed driver's lock (renewed a moment ago), then a live holder's
+        (tmp_path / "sw" / LOCK).write_text(json.dumps({
+            "host": platform.node(), "pid": pid, "pid_namespace": pid_namespace(), "command": "python -m sweep x",
+            "started_at": "2026-11-28T10:00:00+00:00", "heartbeat": time.time()}))
+        assert main(["status", "--storage", str(tmp_path), "sw"]) == 0
+        last = capsys.readouterr().out.splitlines()[-1]
+        if pid == ended.pid:
+            assert last == (f"a lock left by `python -m sweep x` on {platform.node()} (pid {pid}, since "
+                            "2026-11-28T10:00:00+00:00): that process is gone; nothing writes this sweep now, and "
+                            "the next command for it takes the lock over")
+        else:
+            assert last.startswith("being written now by `python -m sweep x`")
+
+
+def test_status_of_a_sweep_whose_recorded_grid_was_damaged_says_so(tmp_path, capsys):
+    from sweep.status import record_plan
+
+    where = sweep_dir(str(tmp_path), "sw")
+    record_plan(where, ["incremental"], "incremental", [{"trial_id": "t0", "experiment": "incremental", "task": "sst2",
+                                                         "train_size": 500}], ("ok", "diverged"))
+    plan = next((tmp_path / "sw" / "plans").iterdir())
+    plan.write_text(plan.read_text()[:40])  # cut short
+    for _ in range(2):  # the read that sets it aside, and the next one
+        assert main(["status", "--storage", str(tmp_path), "sw"]) == 0
+        out = capsys.readouterr().out
+        assert "no recorded grid yet" not in out and "before `status` existed" not in out
+        assert (f"its recorded grid was set aside as damaged ({tmp_path / 'sw' / 'quarantine'}/plans-{plan.name}): "
+                "trials it never ran are not counted; running its command again records it anew") in out
