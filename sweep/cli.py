@@ -119,6 +119,9 @@ def parse_command_line(argv: list[str]) -> Sweep:
             raise Refused([f"--config: {path} names no experiment; add `experiment: NAME` or give it first: "
                            "python -m sweep EXPERIMENT --config FILE"])
         argv = [experiment, *argv]
+    problems = repeated_options(argv)
+    if problems:
+        raise Refused(problems)
     args = build_parser().parse_args(argv)
     given, preset = {}, getattr(args, "preset", None)
     if getattr(args, "config", None):
@@ -128,6 +131,24 @@ def parse_command_line(argv: list[str]) -> Sweep:
                            f"{experiment} --config {args.config}"])
         preset = preset or file_preset
     return resolve(args.experiment, {**given, **given_settings(args)}, preset)
+
+
+def repeated_options(argv: list[str]) -> list[str]:
+    """An option given more than once: argparse keeps its last value without a word, so `--k 0 3 --k 6` would run
+    k = 6 alone and `--trials 500=50 --trials 3` three trials everywhere."""
+    counts: dict[str, list[str]] = {}
+    flag = None
+    for word in argv:
+        if word == "--":
+            break
+        if word.startswith("--"):
+            flag, _, value = word.partition("=")
+            counts.setdefault(flag, []).append(value)
+        elif flag is not None and word:
+            counts[flag][-1] = f"{counts[flag][-1]} {word}".strip()
+    return [f"{flag}: given {len(values)} times ({'; '.join(v or '(no value)' for v in values)}), and only the "
+            f"last would count; give it once, with all its values ({flag} {' '.join(v for v in values if v)})"
+            for flag, values in counts.items() if len(values) > 1]
 
 
 def settings_from_args(args) -> GridSettings:
@@ -387,6 +408,7 @@ def local_tasks(settings: GridSettings, tasks) -> list[str]:
     from trainables.tasks import SYNTHETIC
 
     return [t for t in tasks if t in settings.sources and not settings.sources[t].is_hub
+            or t == SYNTHETIC and t not in settings.sources
             or (settings.data_dir is not None and t not in settings.sources and t != SYNTHETIC)]
 
 

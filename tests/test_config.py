@@ -354,3 +354,19 @@ def test_the_api_takes_the_flags_spelling_of_task_files_as_a_config_file_does(tm
     assert "--task-filez: not a setting of incremental; did you mean --task-file?" in str(refused.value)
     with pytest.raises(Refused, match="task_files: given twice, as task_file and as task_files; keep one"):
         configure("incremental", tasks=["own"], task_file=[word], task_files=[word])
+
+
+def test_an_option_given_twice_on_the_command_line_is_refused_not_its_last_value_kept(capsys, tmp_path):
+    # argparse keeps the last of a repeated option: `--k 0 3 --k 6` ran k = 6 alone, without a word.
+    assert main(["incremental", "--k", "0", "3", "--k=6", "--storage", str(tmp_path), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "--k: given 2 times (0 3; 6), and only the last would count; give it once, with all its values " \
+           "(--k 0 3 6)" in err
+    assert main(["incremental", "--k", "0", "3", "--storage", str(tmp_path), "--dry-run"]) == 0
+
+
+def test_a_dry_run_reads_the_built_in_task_and_refuses_a_size_beyond_it(capsys, tmp_path):
+    # A dry run never read the synthetic task, so it planned and priced sizes its real run refused.
+    argv = ["incremental", "--tasks", "synthetic", "--sizes", "6000", "--storage", str(tmp_path), "--dry-run"]
+    assert main(argv) == 2
+    assert "--sizes: 6000 is larger than the synthetic train split (5,000 examples)" in capsys.readouterr().err

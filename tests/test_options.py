@@ -139,7 +139,9 @@ GOOD_CSV = b"text,label\nthe film was fine,good\nthe film was bad,bad\n"
     ("incremental", ["--sizes", "16", "16"], "--sizes: 16 is given twice"),
 ])
 def test_a_value_given_twice_is_refused(tiny_bert, tmp_path, capsys, experiment, option, message):
-    argv = [experiment, "--model", tiny_bert, "--tasks", "synthetic", "--sizes", "16", "--trials", "1", *option]
+    base = {"--tasks": "synthetic", "--sizes": "16", "--trials": "1"}
+    base.pop(option[0], None)  # the option is given once, its value twice (an option given twice is refused too)
+    argv = [experiment, "--model", tiny_bert, *[word for pair in base.items() for word in pair], *option]
     assert message in refused(argv, capsys, tmp_path / "store")
 
 
@@ -193,15 +195,16 @@ def test_task_file_problems_name_the_file_and_line(tiny_bert, tmp_path, capsys):
 def test_each_task_file_has_its_own_columns_and_must_be_named_in_tasks(tiny_bert, tmp_path, capsys):
     a = task_folder(tmp_path / "a", GOOD_CSV)
     b = task_folder(tmp_path / "b", b"review,stars\nthe film was fine,5\nthe film was bad,1\n")
-    argv = ["incremental", "--model", tiny_bert, "--sizes", "2", "--trials", "1", "--k", "4", "--tasks", "a", "b",
-            "--task-file", f"a={a}", f"b={b},text=review,label=stars", "--text-columns", "text", "--label-column",
-            "label", "--storage", str(tmp_path / "store"), "--dry-run"]
-    assert main(argv) == 0
+    def command(tasks: list[str], files: list[str]) -> list[str]:
+        return ["incremental", "--model", tiny_bert, "--sizes", "2", "--trials", "1", "--k", "4", "--tasks", *tasks,
+                "--task-file", *files, "--text-columns", "text", "--label-column", "label"]
+
+    files = [f"a={a}", f"b={b},text=review,label=stars"]
+    assert main([*command(["a", "b"], files), "--storage", str(tmp_path / "store"), "--dry-run"]) == 0
     capsys.readouterr()
-    err = refused([*argv[:-3], "--tasks", "a"], capsys, tmp_path / "store2")
+    err = refused(command(["a"], files), capsys, tmp_path / "store2")
     assert "--task-file: task 'b' is not named in --tasks (a)" in err
-    err = refused([*argv[:-3], "--task-file", f"a={a}", f"b={b},text=review,label=stars,splits=train+train"],
-                  capsys, tmp_path / "store3")
+    err = refused(command(["a", "b"], [files[0], f"{files[1]},splits=train+train"]), capsys, tmp_path / "store3")
     assert "--splits: 'train' for both train and dev (task 'b')" in err
 
 
