@@ -74,9 +74,7 @@ def task_file(word: str):
     if isinstance(word, TaskSource):
         return word
     if isinstance(word, dict):  # a config file's mapping
-        return TaskSource(**{**word, "text_columns": tuple(word.get("text_columns") or ()),
-                             "splits": tuple(word["splits"]) if word.get("splits") else None,
-                             "label_column": word.get("label_column") or ""})
+        return task_file_mapping(word)
     name, _, rest = str(word).partition("=")
     parts, own = rest.split(","), {}
     location = [parts[0]]
@@ -91,6 +89,30 @@ def task_file(word: str):
 
 
 TASK_FILE_KEYS = {"text": "text_columns", "label": "label_column", "splits": "splits", "metric": "metric"}
+TASK_FILE_FIELDS = ("name", "location", "text_columns", "label_column", "splits", "metric")
+
+
+def task_file_mapping(word: dict):
+    """A config file's task file: its fields by name (what the sweep's own config file writes), or by the
+    command line's short keys (text, label): `text: review` was refused with Python's "unexpected keyword
+    argument", which listed nothing allowed."""
+    from trainables.tasks import TaskSource
+
+    given: dict = {}
+    for key, value in word.items():
+        field = TASK_FILE_KEYS.get(key, key)
+        if field not in TASK_FILE_FIELDS:
+            raise ValueError(f"{key!r} is not a key of a task file; allowed: {', '.join(TASK_FILE_FIELDS)} (or the "
+                             "command line's text, label)")
+        if field in given:
+            raise ValueError(f"{field} is given twice in one task file, as {field} and as {key}; keep one")
+        given[field] = value
+    if not given.get("name") or not given.get("location"):
+        raise ValueError(f"a task file needs a name and a location (a folder or hub:DATASET); given {word}")
+    split = lambda v: tuple(v.split("+")) if isinstance(v, str) else tuple(v or ())  # noqa: E731 ("A+B" or [A, B])
+    return TaskSource(str(given["name"]), str(given["location"]), split(given.get("text_columns")),
+                      str(given.get("label_column") or ""), split(given["splits"]) if given.get("splits") else None,
+                      given.get("metric"))
 
 
 def task_file_written(source) -> dict:

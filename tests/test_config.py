@@ -370,3 +370,16 @@ def test_a_dry_run_reads_the_built_in_task_and_refuses_a_size_beyond_it(capsys, 
     argv = ["incremental", "--tasks", "synthetic", "--sizes", "6000", "--storage", str(tmp_path), "--dry-run"]
     assert main(argv) == 2
     assert "--sizes: 6000 is larger than the synthetic train split (5,000 examples)" in capsys.readouterr().err
+
+
+def test_a_config_files_task_file_takes_the_command_lines_short_keys_and_names_what_is_allowed(tmp_path):
+    # `text: review` in a task file's mapping was refused with Python's "unexpected keyword argument 'text'".
+    folder = str(tmp_path)
+    short = configure("incremental", tasks=["own"], task_files=[{"name": "own", "location": folder,
+                                                                 "text": "a+b", "label": "stars"}])
+    full = configure("incremental", tasks=["own"], task_files=[{"name": "own", "location": folder,
+                                                                "text_columns": ["a", "b"], "label_column": "stars"}])
+    assert short.grid.task_files == full.grid.task_files
+    assert full.grid.task_files[0].text_columns == ("a", "b") and full.grid.task_files[0].label_column == "stars"
+    with pytest.raises(Refused, match=r"'columns' is not a key of a task file; allowed: name, location, text_columns"):
+        configure("incremental", tasks=["own"], task_files=[{"name": "own", "location": folder, "columns": "a"}])
