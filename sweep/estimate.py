@@ -47,8 +47,10 @@ DEVICES = ("cpu", "a10g", "a100", "h100", "h200", "l4", "l40s", "t4", "v100")
 # 2026-11-27; 0.0203 measured over two groups before, 0.0123 at the code of 2026-11-26 13:30). Batch 8
 # of short sentences is bound by memory traffic (AdamW over fp32 master weights, clipping), not by FLOPs; 5% had
 # been assumed before. Unfused trials on a GPU run far lower (0.001-0.002 for a pack of 1 or the Trainer peer
-# there): the default is --pack auto's.
+# there): the default is --pack auto's, and --pack 1 (every trial unfused, one Hugging Face model each) takes
+# UNFUSED_GPU_MFU, the middle of that range, which 0.022 would make look 10-20x faster than it runs.
 DEFAULT_MFU = {"cpu": 0.44, "gpu": 0.022}
+UNFUSED_GPU_MFU = 0.0015
 # An fp32 trial on a GPU (or bf16 on a card without bf16 tensor cores), of which no row has been measured: its
 # matmuls run at the fp32 peak, 1/r = 14.8x slower on an H100, while the rest of a step (the update's memory
 # traffic over fp32 master weights) stays. So from bf16's measured m = 0.022 and a matmul efficiency e:
@@ -184,9 +186,10 @@ def pack_key(rows: pd.DataFrame) -> pd.Series:
 
 
 def rate_for(device: str, rows: pd.DataFrame | None, model: str, cpus_per_trial: float, cpus: float | None = None,
-             precision: str = "auto") -> Rate:
+             precision: str = "auto", fused: bool = True) -> Rate:
     """The rate of trials of `model` in `precision` on `device`: the store's rows' MFU weighed against the
-    default's (`blended_mfu`), times the data sheet's peak in that precision or this CPU's, measured now."""
+    default's (`blended_mfu`), times the data sheet's peak in that precision or this CPU's, measured now.
+    `fused` False: on a GPU the trials train unfused (--pack 1), whose default is UNFUSED_GPU_MFU."""
     from trainables.cost import GPU_PEAK_FLOPS, NO_BF16_CORES, cpu_peak  # measured once, as a trial measures it
     from trialrows.recipe import resolve_precision
 
@@ -211,7 +214,9 @@ def rate_for(device: str, rows: pd.DataFrame | None, model: str, cpus_per_trial:
         if emulated:
             where += " (no bf16 tensor cores: bf16 runs at fp32's rate)"
     default, stated = DEFAULT_MFU["cpu" if device == "cpu" else "gpu"], "the stated default"
-    if device != "cpu" and (precision == "fp32" or emulated):
+    if device != "cpu" and not fused:
+        default, stated = UNFUSED_GPU_MFU, "the stated default of unfused trials (--pack 1) on a GPU"
+    elif device != "cpu" and (precision == "fp32" or emulated):
         default, stated = DERIVED_FP32_GPU_MFU, "the default derived for fp32 from bf16's (no fp32 GPU run measured)"
     if measured:
         mfu = blended_mfu(measured[0], measured[2], default)
@@ -414,7 +419,7 @@ def dry_run_estimate(specs, settings, args, num_layers: int, folder, raw=None, s
     everything, stored = store_rows(args, folder, everything, stored)
     flops, note = spec_flops(specs, settings, num_layers, stored, raw)
     rate = rate_for(chosen_device(args), everything, settings.model, args.cpus_per_trial,
-                    precision=trial_precision(settings, args))
+                    precision=trial_precision(settings, args), fused=getattr(args, "pack", "auto") != 1)
     return flops, rate, note
 
 

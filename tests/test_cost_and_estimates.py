@@ -229,6 +229,19 @@ def test_a_dry_run_prices_trials_at_the_peak_of_their_precision(cpu_peaks, tiny_
     assert f"cost on {flags[-1] if '--estimate-for' in flags else 'cpu'}: {peak}" in out, out
 
 
+@pytest.mark.parametrize("pack, mfu", [("auto", "MFU 0.022, the stated default"),
+                                       ("1", "MFU 0.0015, the stated default of unfused trials (--pack 1) on a GPU")])
+def test_a_gpu_dry_run_of_unfused_trials_is_priced_at_their_own_default(cpu_peaks, tiny_bert, tmp_path, capsys,
+                                                                        pack, mfu):
+    # --pack 1 trains every trial unfused (0.001-0.002 of an H100 measured), and was priced at --pack auto's 0.022.
+    import sweep.cli
+
+    argv = ["incremental", "--model", tiny_bert, "--tasks", "synthetic", "--sizes", "16", "--k", "0", "--trials", "1",
+            "--epochs", "1", "--storage", str(tmp_path), "--dry-run", "--estimate-for", "h100", "--pack", pack]
+    assert sweep.cli.main(argv) == 0
+    assert mfu in capsys.readouterr().out
+
+
 def test_a_rate_is_learned_from_rows_of_the_precision_it_prices():
     # bf16 and fp32 rows on one card are measured against different peaks: mixed, their MFU would mean nothing.
     rows = pd.DataFrame({"status": ["ok"] * 4, "model": ["m"] * 4, "device": ["NVIDIA H100 80GB HBM3"] * 4,
