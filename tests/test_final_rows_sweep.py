@@ -16,6 +16,7 @@ import pytest
 
 from sweep.cli import main
 from sweep.status import status
+from tests.commands import overridden
 from tests.conftest import save_tiny_bert
 from tests.test_task_files import examples, make_task
 from trialrows.read import read_results
@@ -25,8 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def argv(model: str, storage, name: str, *extra: str) -> list[str]:
-    return ["incremental", "--model", model, "--tasks", "synthetic", "--sizes", "24", "--epochs", "1", "--trials", "1",
-            "--k", "0", "4", "--storage", str(storage), "--name", name, *extra]
+    return overridden(["incremental", "--model", model, "--tasks", "synthetic", "--sizes", "24", "--epochs", "1",
+                       "--trials", "1", "--k", "0", "4", "--storage", str(storage), "--name", name], extra)
 
 
 def own_task_argv(model: str, folder, storage) -> list[str]:

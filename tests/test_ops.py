@@ -19,6 +19,7 @@ from analysis.results import read_results
 from sweep.cli import main, parse_command_line
 from sweep.experiments import EXPERIMENTS
 from sweep.store import sweep_dir
+from tests.commands import overridden
 from trainables.data import tokenize_task
 from trainables.finetune import finetune
 from trainables.models import load_pretrained, load_tokenizer
@@ -29,8 +30,8 @@ from trainables.tune_trainable import FAIL_AFTER_EPOCH, STATE_FILE, finetune_con
 
 
 def sweep_argv(model: str, storage, name: str, *extra: str) -> list[str]:
-    return ["incremental", "--model", model, "--tasks", "synthetic", "--sizes", "48", "--epochs", "2",
-            "--storage", str(storage), "--name", name, *extra]
+    return overridden(["incremental", "--model", model, "--tasks", "synthetic", "--sizes", "48", "--epochs", "2",
+                       "--storage", str(storage), "--name", name], extra)
 
 
 def test_sigkilled_driver_then_rerun_finishes_with_each_trial_once(tiny_bert, tmp_path):

@@ -18,6 +18,7 @@ from analysis.results import read_results
 from analysis.search import best_table, importance_table
 from sweep.cli import main
 from sweep.experiments import GridSettings
+from tests.commands import overridden
 from trialrows.experiments import lr_multipliers
 from tests.conftest import run_then_sigkill
 from sweep.search import MultiplierSpace, layer_params, run_searches, trial_config
@@ -109,8 +110,9 @@ def test_grouped_space_gives_two_multipliers_and_the_baseline_first():
 
 
 def search_argv(model, storage, name, *extra):
-    return ["lr-multipliers", "--model", model, "--tasks", "synthetic", "--sizes", "40", "--trials", "1", "--k", "2", "--epochs", "2",
-            "--lr", str(LR), "--seed", str(SEED), "--cpus-per-trial", "2", "--storage", str(storage), "--name", name, *extra]
+    return overridden(["lr-multipliers", "--model", model, "--tasks", "synthetic", "--sizes", "40", "--trials", "1",
+                       "--k", "2", "--epochs", "2", "--lr", str(LR), "--seed", str(SEED), "--cpus-per-trial", "2",
+                       "--storage", str(storage), "--name", name], extra)
 
 
 def searched_study(cell_folder) -> optuna.Study:
