@@ -82,9 +82,13 @@ def correlations_readable(table: pd.DataFrame) -> pd.DataFrame:
     """Table 1 as the paper prints it: 'Spearman (p)' and 'Pearson (p)' per task pair, with N."""
     if table.empty:
         return table.astype(str)
+    # Settings that split Table 1 (epochs 3 and 10, a --fractions share): without them its lines read as repeats.
+    made = ("model", "train_size", "task_a", "task_b", "n", "spearman", "spearman_p", "pearson", "pearson_p", "note")
+    splits = [c for c in table.columns if c not in made]
     out = pd.DataFrame({
         "model": table["model"].astype(str),
         "train_size": table["train_size"].map(lambda v: _number(v, 0)),
+        **{c: table[c].map(_number) for c in splits},
         "tasks": [f"{a}, {b}" for a, b in zip(table["task_a"], table["task_b"])],
         "Spearman (p)": [_pair(r, p) for r, p in zip(table["spearman"], table["spearman_p"])],
         "Pearson (p)": [_pair(r, p) for r, p in zip(table["pearson"], table["pearson_p"])],

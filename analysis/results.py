@@ -1,8 +1,9 @@
 """Reading the Parquet results store for the tables and figures; needs nothing but the files (no sweep, no
 trainables): trialrows.read reads them, `load` is what the tables and figures use: the same rows with
 integer columns as nullable integers (a column that is null for some experiments would otherwise come back
-as floats: k=3.0), list settings as tuples (so they group), and a failed trial that never reported its
-metric given its task's metric name.
+as floats: k=3.0), list settings as tuples (so they group), fingerprints that rows written before them lack
+assumed as the tables assume them, and a failed trial that never reported its metric given its task's metric
+name.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from trialrows.conditions import assume_fingerprints
 from trialrows.read import (  # noqa: F401
     FINISHED, as_list, finished_times, read_files, read_results, read_table, result_files, row_files, unique_trials,
 )
@@ -24,8 +26,11 @@ CORE_COLUMNS = ("trial_id", "experiment", "task", "model", "train_size", "trial_
 def prepare(rows: pd.DataFrame) -> pd.DataFrame:
     """The rows the analysis works on (a copy): one per trial, integer columns as nullable integers, a
     missing status read as 'error', list settings as tuples, and a trial that failed before reporting
-    given the metric name its task's other rows have (so it counts in its condition, not in a new one)."""
-    rows = unique_trials(rows.copy())
+    given the metric name its task's other rows have (so it counts in its condition, not in a new one).
+    Rows written before fingerprints take their task's (model's) only one (`assume_fingerprints`), once for
+    the whole store: the condition tables pool them so, and every pairing and reference must match them the
+    same way (a k = L row of then is the full model of a k = 2 row of now)."""
+    rows = assume_fingerprints(unique_trials(rows.copy()))
     if "status" not in rows.columns:
         rows["status"] = "error"
     rows["status"] = rows["status"].astype(object).where(rows["status"].notna(), "error").astype(str)

@@ -421,6 +421,7 @@ def permutation_correlations(rows: pd.DataFrame) -> pd.DataFrame:
     means = permutation_means(rows)
     if means.empty:
         return pd.DataFrame(columns=columns)
+    means = _at_their_share(means, of(rows, "permutation"))
     cell = [c for c in means.columns if c not in ("task", "permutation", "dev_metric", "trials", "status",
                                                   "metric_name")]
     records = []
@@ -437,6 +438,17 @@ def permutation_correlations(rows: pd.DataFrame) -> pd.DataFrame:
             records.append({**dict(zip(cell, key)), "task_a": task_a, "task_b": task_b, **result})
     extra = [c for c in cell if c not in columns]
     return pd.DataFrame.from_records(records, columns=[*columns[:2], *extra, *columns[2:]])
+
+
+def _at_their_share(means: pd.DataFrame, picked: pd.DataFrame) -> pd.DataFrame:
+    """`means` keyed, where a row's size is a share of its task's split (--fractions: 673 SST-2 and 86 CoLA
+    examples at 0.01), by that share instead of the size, so the tasks of one share pair; no size is shown."""
+    if "train_fraction" not in picked.columns:
+        return means
+    if "train_fraction" not in means.columns:  # one share per task and size: it split nothing further
+        keys = ["task", "model", "train_size"]
+        means = means.merge(picked[[*keys, "train_fraction"]].drop_duplicates(keys), on=keys, how="left")
+    return means.assign(train_size=means["train_size"].mask(means["train_fraction"].notna()))
 
 
 def probing_table(rows: pd.DataFrame) -> pd.DataFrame:

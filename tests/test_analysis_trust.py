@@ -4,6 +4,7 @@ reader opens, and a compacting store that never loses a row."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import numpy as np
 import pandas as pd
@@ -12,6 +13,7 @@ import pytest
 from scipy import stats
 
 from analysis import tables as T
+from analysis.format import correlations_readable as readable_correlations
 from analysis.format import readable
 from analysis.report import build_report
 from analysis.results import prepare, read_results
@@ -260,3 +262,65 @@ def test_importances_are_ped_anova_and_the_same_every_time():
     first = importance_table(prepare(pd.DataFrame(rows)))
     assert first.iloc[0]["param"] == "layer_2" and first.iloc[0]["importance"] > 0.5
     pd.testing.assert_frame_equal(first, importance_table(prepare(pd.DataFrame(rows))))
+
+
+def test_full_model_rows_from_before_fingerprints_pair_with_the_conditions_their_table_pools_them_with(tmp_path):
+    """k = L ran before rows carried fingerprints and counts as done, so a widened grid adds k = 2 with them:
+    the condition table pools the old rows with the task's one fingerprint, and so must the pairing."""
+    full, k2 = [0.80, 0.83, 0.79, 0.85], [0.70, 0.75, 0.72, 0.71]
+    for t, (a, b) in enumerate(zip(full, k2)):
+        write_row(tmp_path, row(f"f{t}", t=t, value=a))  # no data_fingerprint, model_fingerprint
+        write_row(tmp_path, row(f"k{t}", k=2, t=t, value=b, data_fingerprint="d1", model_fingerprint="m1"))
+    prepared = prepare(read_results(tmp_path))
+    assert list(condition_table(prepared)["n"]) == [4, 4]  # one condition each: the fingerprints pooled
+    got = T.paired_differences(prepared).iloc[0]
+    differences = np.subtract(k2, full)
+    assert got["pairs"] == 4 and got["mean_difference"] == pytest.approx(differences.mean())
+    assert (got["ci95_low"], got["ci95_high"]) == pytest.approx(
+        stats.t.interval(0.95, 3, loc=differences.mean(), scale=stats.sem(differences)))
+
+
+def test_table_1_pairs_tasks_run_at_one_fraction_of_their_own_sizes_and_shows_what_splits_it():
+    """--fractions 0.01 gives every task its own train_size (673 and 86): the permutations still pair across
+    tasks, at the same fraction. And a setting that splits Table 1 (epochs) is a column of the report's table."""
+    orders = [[1, 2, 3, 4], [4, 3, 2, 1], [2, 1, 4, 3], [3, 4, 1, 2], [1, 3, 2, 4]]
+    values = {"sst2": [0.60, 0.70, 0.65, 0.80, 0.62], "cola": [0.30, 0.35, 0.20, 0.40, 0.33]}
+    sizes = {"sst2": 673, "cola": 86}
+    rows = prepare(pd.DataFrame([
+        row(f"{task}-{p}", experiment="permutation", task=task, k=None, reinit_mode=None, train_size=sizes[task],
+            train_fraction=0.01, value=values[task][p], permutation=order, permutation_index=p, permutation_seed=p)
+        for p, order in enumerate(orders) for task in sizes]))
+    (got,) = T.permutation_correlations(rows).to_dict("records")
+    assert (got["task_a"], got["task_b"], got["n"], got["train_fraction"]) == ("sst2", "cola", 5, 0.01)
+    assert got["spearman"] == pytest.approx(stats.spearmanr(values["sst2"], values["cola"]).statistic)
+    assert got["pearson_p"] == pytest.approx(stats.pearsonr(values["sst2"], values["cola"]).pvalue)
+    shown = readable_correlations(T.permutation_correlations(rows))
+    assert "train_fraction" in shown.columns and "train_size" not in shown.columns
+
+    both = prepare(pd.DataFrame([
+        row(f"{task}-{epochs}-{p}", experiment="permutation", task=task, k=None, reinit_mode=None, epochs=epochs,
+            value=values[task][p] * (1 if epochs == 3 else 1.1), permutation=order, permutation_index=p,
+            permutation_seed=p + epochs)
+        for epochs in (3, 10) for p, order in enumerate(orders) for task in sizes]))
+    shown = readable_correlations(T.permutation_correlations(both))
+    assert list(shown["epochs"]) == ["3", "10"] and list(shown["tasks"]) == ["sst2, cola"] * 2
+
+
+def test_table_1_spearman_p_of_a_few_permutations_is_the_exact_one_not_zero():
+    """Four permutations that rank the tasks alike: spearmanr's t approximation says p = 0 ("<0.0001"), but
+    one pairing in 24 does that by chance, so the two-sided p is 2/24."""
+    orders = [[1, 2, 3, 4], [4, 3, 2, 1], [2, 1, 4, 3], [3, 4, 1, 2]]
+    values = {"sst2": [0.60, 0.70, 0.65, 0.80], "cola": [0.30, 0.35, 0.33, 0.40]}
+    rows = prepare(pd.DataFrame([
+        row(f"{task}-{p}", experiment="permutation", task=task, k=None, reinit_mode=None, value=values[task][p],
+            permutation=order, permutation_index=p, permutation_seed=p)
+        for p, order in enumerate(orders) for task in values]))
+    (got,) = T.permutation_correlations(rows).to_dict("records")
+    x, y = values["sst2"], values["cola"]
+    observed = stats.spearmanr(x, y).statistic
+    null = [stats.spearmanr(np.array(x)[list(order)], y).statistic for order in itertools.permutations(range(4))]
+    assert got["spearman"] == pytest.approx(observed) == pytest.approx(1.0)
+    assert got["spearman_p"] == pytest.approx(np.mean(np.abs(null) >= abs(observed) - 1e-12)) == pytest.approx(2 / 24)
+    assert got["pearson_p"] == pytest.approx(stats.pearsonr(x, y).pvalue)  # exact under normality already
+    assert "exact" in got["note"]
+    assert readable_correlations(T.permutation_correlations(rows)).iloc[0]["Spearman (p)"] == "1.00 (0.08)"
