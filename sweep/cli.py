@@ -352,13 +352,24 @@ def family_problems(limits: Limits, experiment: str, settings: GridSettings) -> 
     return []
 
 
-def buildable(model: str):
+def buildable(model: str, sweep: Sweep):
     """The model's pretrained weights, once a classifier has been built from them: a checkpoint whose
-    weights do not fit its architecture is refused here, before Ray starts, not inside every trial."""
-    from trainables.models import build_classifier, load_pretrained
+    weights do not fit its architecture is refused here, before Ray starts, not inside every trial. So is one
+    saved without its pooler (an MLM-only BERT checkpoint: its classifier draws the pooler fresh) for a sweep
+    that reads or resets the pretrained pooler, whose trials would each fail or compare two random poolers."""
+    from trainables.models import build_classifier, load_pretrained, pooler, pretrained_pooler
 
     pretrained = load_pretrained(model)
-    build_classifier(pretrained, num_labels=2, seed=0)
+    classifier = build_classifier(pretrained, num_labels=2, seed=0)
+    if pooler(classifier) is not None and pretrained_pooler(classifier) is None:
+        grid = sweep.grid
+        reads = sorted(set(grid.probes) - {"mean-pool"}) if sweep.experiment == "probing" else []
+        if reads:
+            raise Refused([f"--probes: {', '.join(reads)} read the pretrained pooler, and '{model}' was saved "
+                           "without one (its classifier draws it fresh); allowed for it: mean-pool"])
+        if grid.reinit_pooler:
+            raise Refused([f"--reinit-pooler: '{model}' was saved without a pooler (its classifier draws it fresh "
+                           "in every trial): there is no pretrained pooler to reset; leave it out"])
     return pretrained
 
 
@@ -568,7 +579,9 @@ def plan(sweep: Sweep, dry_run: bool) -> Planned:
             def load():
                 print(f"loading {grid.model}", flush=True)
                 try:
-                    weights = buildable(grid.model)
+                    weights = buildable(grid.model, sweep)
+                except Refused:
+                    raise
                 except (OSError, ValueError) as err:
                     raise Refused([f"--model: '{grid.model}' cannot be built: {err}"]) from None
                 return weights, {**load_raw_tasks(grid, [t for t in tasks if t not in raw]), **raw}

@@ -307,3 +307,52 @@ def test_weight_distance_is_zero_without_change_and_per_layer(pretrained):
     distance = weight_distance(start, model)
     size = feed_forward.weight.numel()
     assert distance[1] == pytest.approx(size ** 0.5) and distance[0] == distance[2] == distance[3] == 0.0
+
+
+# --- a BERT checkpoint saved without its pooler ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def poolerless(tmp_path_factory):
+    """A BERT saved as masked-LM training saves it: no pooler weights (the classifier draws one fresh)."""
+    from transformers import BertConfig, BertModel
+
+    config = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=64, max_position_embeddings=64)
+    folder = tmp_path_factory.mktemp("bert-without-pooler")
+    BertModel(config, add_pooling_layer=False).save_pretrained(folder, safe_serialization=True)
+    return load_pretrained(str(folder))
+
+
+def test_a_pooler_the_checkpoint_lacks_is_not_read_as_a_pretrained_one(poolerless, tiny_bert):
+    from trainables.models import classifier_skeleton, encoder_state, mark_loaded, pretrained_pooler
+    from trainables.probing import ProbeConfig, probe_subset
+
+    assert not any(k.startswith("pooler.") for k in poolerless.state_dict)
+    model = build_classifier(poolerless, num_labels=2, seed=0)
+    assert pooler(model) is not None and pretrained_pooler(model) is None  # fresh: the classifier needs one
+    skeleton = classifier_skeleton(poolerless, 2)
+    mark_loaded(skeleton.base_model, encoder_state(skeleton.base_model, poolerless))  # the fused engine's way
+    assert pretrained_pooler(skeleton) is None
+    with_pooler = build_classifier(load_pretrained(tiny_bert), num_labels=2, seed=0)
+    assert pretrained_pooler(with_pooler) is pooler(with_pooler) is not None
+    # [CLS] probes read "the pretrained pooler": on a random one they would report numbers about nothing.
+    cfg = ProbeConfig(task="sst2", train_size=10, subset_seed=0, seed=0)
+    for probe in ("cls-pooler", "truncated"):
+        with pytest.raises(ValueError, match=f"probe '{probe}' reads the pooler"):
+            probe_subset(cfg, None, poolerless, [(probe, 1)])
+
+
+def test_a_sweep_that_reads_or_resets_a_pooler_the_checkpoint_lacks_is_refused_before_ray(poolerless):
+    # Each of its trials would fail (a [CLS] probe) or compare two random poolers (--reinit-pooler).
+    from sweep.api import configure
+    from sweep.cli import buildable
+    from sweep.config import Refused
+
+    folder = poolerless.path
+    with pytest.raises(Refused, match="--probes: cls-pooler read the pretrained pooler, and .* allowed for it: "
+                                      "mean-pool"):
+        buildable(folder, configure("probing", model=folder, probes=["cls-pooler", "mean-pool"]))
+    with pytest.raises(Refused, match="--reinit-pooler: .* was saved without a pooler"):
+        buildable(folder, configure("incremental", model=folder, reinit_pooler=True))
+    assert buildable(folder, configure("incremental", model=folder)).state_dict.keys() == poolerless.state_dict.keys()

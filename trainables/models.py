@@ -221,10 +221,14 @@ def encoder_state(base: nn.Module, pretrained: Pretrained) -> dict:
 
 
 def mark_loaded(base: nn.Module, state: dict) -> None:
-    """Mark the encoder's parameters that `state` provides, so that `init_fresh_parts` leaves them alone."""
+    """Mark the encoder's parameters that `state` provides, so that `init_fresh_parts` leaves them alone, and
+    whether its pooler is one of them (`pretrained_pooler`)."""
     for name, param in base.named_parameters():
         if name in state:
             param._is_hf_initialized = True
+    found = getattr(base, "pooler", None)
+    if found is not None:  # a BERT checkpoint saved without its pooler (an MLM-only one) gets a fresh one
+        found.from_checkpoint = all(f"pooler.{name}" in state for name, _ in found.named_parameters())
 
 
 def load_encoder_weights(base: nn.Module, pretrained: Pretrained) -> None:
@@ -254,6 +258,14 @@ def embeddings(model: nn.Module) -> nn.Module:
 
 
 def pooler(model: nn.Module) -> nn.Module | None:
-    """The base model's pretrained BERT-style pooler, or None for families without one."""
+    """The base model's BERT-style pooler, or None for families without one; it may be fresh where the
+    checkpoint had none (`pretrained_pooler` tells)."""
     path = family(model.config).pooler
     return None if path is None else getattr(getattr(model, "base_model", model), path, None)
+
+
+def pretrained_pooler(model: nn.Module) -> nn.Module | None:
+    """The pooler when its weights are the checkpoint's; None for families without one and where the checkpoint
+    lacked it (the classifier then draws it fresh in every trial, as RoBERTa's head is)."""
+    found = pooler(model)
+    return found if found is not None and getattr(found, "from_checkpoint", True) else None

@@ -48,7 +48,7 @@ from trainables.cost import cost_fields, flop_shape, peak_flops, sequence_flops
 from trainables.data import TokenizedSplit, TokenizedTask, collate, draw_subset, train_batches
 from trainables.finetune import pick_device
 from trainables.metrics import chance_figures, compute_metrics
-from trainables.models import Pretrained, build_classifier, pooler
+from trainables.models import Pretrained, build_classifier, pooler, pretrained_pooler
 from trainables.rows import make_row, where_it_runs, with_ended
 from trainables.worker import quiet_stop_in_callbacks
 from trialrows.experiments import PROBE_KINDS as PROBES  # the row vocabulary, declared once
@@ -256,7 +256,7 @@ def probe_subset(
     encoder = frozen_encoder(pretrained).to(device)
     num_layers = int(encoder.config.num_hidden_layers)
     needs_pooler = sorted({p for p, _ in todo if p != "mean-pool"})
-    if needs_pooler and pooler(encoder) is None:
+    if needs_pooler and pretrained_pooler(encoder) is None:  # a pooler drawn fresh is no pretrained one
         raise ValueError(f"probe '{needs_pooler[0]}' reads the pooler, and model '{pretrained.name}' has none; "
                          "use the mean-pool probe")
     for _, layer in todo:
