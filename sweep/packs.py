@@ -8,6 +8,7 @@ BERT's layout) stay single trials, run by `finetune` as with --pack 1.
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 
 from sweep.checks import Refused
@@ -149,9 +150,13 @@ def group_into_packs(trials: list[dict], size: int, pretrained: dict, fuse_alone
 
 def pack_results(result: dict) -> dict[str, dict]:
     """A pack's report: each member's latest figures by trial_id (packs used to report a list of them; a Tune
-    experiment restored from then still holds one)."""
+    experiment restored from then still holds one), and `{"trial_id": ..., "waiting": True}` for each member
+    that waits for an earlier group of the pack to finish (`pack_waiting`, a JSON list of trial_ids: Tune's
+    loggers skip a string; reports made before it name none)."""
     found = result.get("pack_results") or {}
-    return {r["trial_id"]: r for r in found if r} if isinstance(found, list) else dict(found)
+    by_id = {r["trial_id"]: r for r in found if r} if isinstance(found, list) else dict(found)
+    waiting = json.loads(result.get("pack_waiting") or "[]")
+    return {**{t: {"trial_id": t, "waiting": True} for t in waiting if t not in by_id}, **by_id}
 
 
 def members(trial: dict) -> list[dict]:

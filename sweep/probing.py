@@ -78,21 +78,36 @@ def check_poolers(groups: list[dict], pretrained: dict) -> None:
 class ProbeRowWriter(RowWriter):
     """The sweep's row writer (sweep.runner.RowWriter: a probe's row lands when its report arrives; a
     subset's trial that fails, or ends without reporting a probe, gives its missing probes `error` rows),
-    printing a line per probe."""
+    with a line per probe: the progress view's line of the probe's end, or printed without a view."""
 
-    def __init__(self, folder: Path, total: int):
-        super().__init__(folder)
+    def __init__(self, folder: Path, total: int, progress=None):
+        super().__init__(folder, progress=progress)
         self.total, self.started = total, time.monotonic()
+        self.landing: dict | None = None  # the row `land` is landing, for `tell`
 
     def land(self, row: dict) -> bool:
-        written = super().land(row)
-        if written:
-            metric = row.get("dev_metric")
-            shown = f"dev {row.get('metric_name')} {metric:.4f}, stopped at epoch {row.get('stop_epoch')}" \
-                if isinstance(metric, float) else ""
-            print(f"[{len(self.written)}/{self.total}] {time.monotonic() - self.started:6.0f}s {row['trial_id']} "
-                  f"{row['probe']} layer {row['layer']}: {row['status']} {shown}", flush=True)
+        self.landing = row
+        try:
+            written = super().land(row)
+        finally:
+            self.landing = None
+        if written and self.progress is None:
+            print(f"[{len(self.written)}/{self.total}] {time.monotonic() - self.started:6.0f}s {self.describe(row)}",
+                  flush=True)
         return written
+
+    def describe(self, row: dict) -> str:
+        metric = row.get("dev_metric")
+        shown = f"dev {row.get('metric_name')} {metric:.4f}, stopped at epoch {row.get('stop_epoch')}" \
+            if isinstance(metric, float) else ""
+        return f"{row['trial_id']} {row['probe']} layer {row['layer']}: {row['status']} {shown}".rstrip()
+
+    def tell(self, trial_id: str, status: str, metric) -> None:
+        row = self.landing
+        if self.progress is not None:
+            detail = self.describe(row) if row is not None and row["trial_id"] == trial_id and status != "unwritten" \
+                else None
+            self.progress.end(trial_id, status, metric, detail)
 
 
 def run_probing(
@@ -112,6 +127,7 @@ def run_probing(
     of the rows written). Rows land in `folder` as each probe finishes."""
     from ray import tune
 
+    from sweep.progress import ProgressView, probe_work
     from trainables.probing import probing_trainable
 
     groups = group_specs(specs)
@@ -122,7 +138,9 @@ def run_probing(
         {"cpu": cpus_per_trial, "gpu": gpus_per_trial},
     )
     refuse_unplaceable(trainable)
-    writer = ProbeRowWriter(folder, len(specs))
+    progress = ProgressView({s.trial_id: probe_work(s) for s in specs})
+    writer = ProbeRowWriter(folder, len(specs), progress=progress)
     tuner = make_tuner(trainable, param_space={"trial": tune.grid_search(groups)}, name=experiment_name(),
-                       storage_path=tune_dir, callbacks=[writer, *callbacks], max_failures=0, verbose=verbose)
+                       storage_path=tune_dir, callbacks=[writer, progress, *callbacks], max_failures=0,
+                       verbose=verbose)
     return fit(tuner, tune_dir), writer.written

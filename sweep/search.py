@@ -20,6 +20,7 @@ trials early.
   sampler is seeded from `search_seed` and the landed sample numbers (`sampler_seed`).
 - Rows: one per trial, `<cell id>-s<n>`, n Optuna's trial number (s0 is the baseline); ASHA-stopped trials
   land too, with status `pruned`.
+- Progress: every study's trials on the sweep's one progress line, in the driver (sweep.progress.follow).
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from pathlib import Path
 
 from sweep.checks import Refused
 from sweep.grid import TrialSpec
+from sweep.progress import trial_work
 from sweep.runner import RowWriter, experiment_name, make_tuner, refuse_unplaceable
 from sweep.store import filesystem, join, parent, stored_trial_ids
 from trainables.rows import make_row
@@ -148,9 +150,10 @@ class SearchRowWriter(RowWriter):
     report; a replayed one (its row landed in an earlier run) stands. Prints a line per row. A module-level
     class, since Tune pickles callbacks with the experiment."""
 
-    def __init__(self, folder: Path | str, cell: str, num_samples: int):
-        super().__init__(folder)
+    def __init__(self, folder: Path | str, cell: str, num_samples: int, progress=None):
+        super().__init__(folder, progress=progress)
         self.cell, self.num_samples = cell, num_samples
+        self.landing: dict | None = None  # the row `land` is landing, for `tell`
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         last = trial.last_result or {}
@@ -164,15 +167,30 @@ class SearchRowWriter(RowWriter):
         return make_row(member["row"], last, "pruned", val_objective=last.get(VAL_METRIC))  # ASHA stopped it
 
     def land(self, row: dict) -> bool:
-        written = super().land(row)
-        if written:
-            done = count_rows(self.folder, f"{self.cell}-s")
-            shown = " ".join(f"{m:.3g}" for m in row["multipliers"])
-            val, dev = row.get("val_objective"), row.get("dev_metric")
-            print(f"[{self.cell} {done}/{self.num_samples}] s{row['sample']} {row['status']} after "
-                  f"{row.get('epochs_run') or 0}/{row['epochs']} epochs | multipliers {shown} | val "
-                  f"{val if val is None else f'{val:.4f}'} dev {dev if dev is None else f'{dev:.4f}'}", flush=True)
+        self.landing = row
+        try:
+            written = super().land(row)
+        finally:
+            self.landing = None
+        if written and self.progress is None:
+            print(self.describe(row), flush=True)
         return written
+
+    def describe(self, row: dict) -> str:
+        done = count_rows(self.folder, f"{self.cell}-s")
+        shown = " ".join(f"{m:.3g}" for m in row["multipliers"])
+        val, dev = row.get("val_objective"), row.get("dev_metric")
+        return (f"[{self.cell} {done}/{self.num_samples}] s{row['sample']} {row['status']} after "
+                f"{row.get('epochs_run') or 0}/{row['epochs']} epochs | multipliers {shown} | val "
+                f"{val if val is None else f'{val:.4f}'} dev {dev if dev is None else f'{dev:.4f}'}")
+
+    def tell(self, trial_id: str, status: str, metric) -> None:
+        """The view's line of a trial's end is the row's own, as printed without a view."""
+        row = self.landing
+        if self.progress is not None:
+            detail = self.describe(row) if row is not None and row["trial_id"] == trial_id and status != "unwritten" \
+                else None
+            self.progress.end(trial_id, status, metric, detail)
 
 
 def count_rows(folder: Path | str, prefix: str) -> int:
@@ -186,11 +204,13 @@ def experiment_dir(tune_dir: Path | str, spec: TrialSpec) -> Path | str:
 
 
 def search_cell(spec: TrialSpec, num_layers: int, num_samples: int, trainable, folder: Path | str,
-                path: Path | str, landed: dict[int, list], callbacks=()) -> str:
+                path: Path | str, landed: dict[int, list], callbacks=(), progress=None) -> str:
     """Run one cell's study to its budget (inside a Ray task), as a new Tune experiment under the cell's folder;
-    `landed`: the multipliers of its trials whose rows landed in earlier runs, by sample number."""
+    `landed`: the multipliers of its trials whose rows landed in earlier runs, by sample number; `progress`: the
+    ProgressRelay to the driver's progress view (sweep.progress.follow)."""
+    writer = SearchRowWriter(folder, spec.trial_id, num_samples, progress=progress)
     tuner = make_tuner(trainable, name=experiment_name(), storage_path=path, max_failures=0,
-                       callbacks=[SearchRowWriter(folder, spec.trial_id, num_samples), *callbacks],
+                       callbacks=[writer, *([progress] if progress is not None else []), *callbacks],
                        **search_options(spec, num_layers, num_samples, landed))
     tuner.fit()
     return spec.trial_id
@@ -226,8 +246,10 @@ def run_searches(specs: list[TrialSpec], *, data: dict, pretrained: dict, folder
     `callbacks` (trackers, the Python API's) go to every cell's Tuner."""
     import ray
     from ray import tune
+    from ray.util.queue import Queue
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+    from sweep.progress import ProgressRelay, ProgressView, follow
     from trainables.tune_trainable import finetune_trainable
 
     num_samples = options.num_samples if options is not None else 8
@@ -247,11 +269,30 @@ def run_searches(specs: list[TrialSpec], *, data: dict, pretrained: dict, folder
     search = ray.remote(num_cpus=0)(search_cell).options(scheduling_strategy=here)
     print(f"{len(specs)} studies of {num_samples} trials each; Tune experiments in {join(tune_dir, 'searches')}")
     points = landed_points(folder)
-    return ray.get([
-        search.remote(spec, pretrained[spec.model].num_layers, num_samples, trainable, folder,
-                      experiment_dir(tune_dir, spec), points.get(spec.trial_id, {}), list(callbacks))
-        for spec in specs
-    ])
+    view = ProgressView(search_work(specs, pretrained, num_samples, points))
+    queue = Queue(actor_options={"num_cpus": 0, "scheduling_strategy": here})
+    try:
+        return follow(view, [
+            search.remote(spec, pretrained[spec.model].num_layers, num_samples, trainable, folder,
+                          experiment_dir(tune_dir, spec), points.get(spec.trial_id, {}), list(callbacks),
+                          ProgressRelay(queue))
+            for spec in specs
+        ], queue)
+    finally:
+        queue.shutdown()
+
+
+def search_work(specs: list[TrialSpec], pretrained: dict, num_samples: int, points: dict) -> dict[str, float]:
+    """trial_id -> work (sweep.progress.trial_work) of each trial the studies train in this run: per cell, the
+    samples its landed ones leave of the budget, numbered as the study numbers them (MultiplierSpace.sample).
+    Its landed trials are replayed, not trained. ASHA stops some early: their work left goes with them, so the
+    ETA before then is of every trial running its epochs."""
+    work = {}
+    for spec in specs:
+        space = cell_space(spec, pretrained[spec.model].num_layers, tuple(sorted(points.get(spec.trial_id, {}))))
+        for number in range(len(space.landed), num_samples):
+            work[sample_id(spec.trial_id, space.sample(number))] = trial_work(spec)
+    return work
 
 
 def sample_id(cell_id: str, number: int) -> str:

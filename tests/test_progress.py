@@ -3,6 +3,7 @@ redrawn line on a terminal), and a real sweep's console from `python -m sweep`."
 from __future__ import annotations
 
 import io
+import json
 import os
 import pickle
 import subprocess
@@ -199,3 +200,148 @@ def test_a_sequential_trials_eta_counts_its_intermediate_round():
     assert view.eta() == 500 * 30 / 300
     view.on_trial_result(1, trials, trials[1], {"epoch": 2, "resumed_from_epoch": 1})
     assert view.first_fraction[ids[1]] == 3 / 4, "a saved state is past the intermediate round"
+
+
+def a_pack(ids: list[str], epochs: int = 2) -> FakeTrial:
+    pack = FakeTrial("pack-incremental-sst2-n100-cccccccccc", epochs, status="RUNNING")
+    pack.config["trial"]["pack"] = [{"trial_id": t, "finetune": {"epochs": epochs}, "row": {"trial_id": t}}
+                                    for t in ids]
+    return pack
+
+
+def test_a_gpu_packs_members_waiting_for_an_earlier_group_are_pending_not_running(capsys):
+    ids = [f"incremental-sst2-n100-k{k}-t0-{c * 10}" for k, c in zip((0, 3, 6), "abc")]
+    pack, clock = a_pack(ids), Clock()
+    view = ProgressView({t: 100 * 2 for t in ids}, interval=30, clock=clock)
+    first = {"epoch": 1, "pack_results": {ids[0]: {"trial_id": ids[0], "epoch": 1}},
+             "pack_waiting": json.dumps(ids[1:])}  # groups of one: the first trains, the other two wait
+    view.on_trial_result(0, [pack], pack, first)
+    assert view.line().startswith("[0/3] ok 0 · diverged 0 · failed 0 · running 1 · pending 2 ·")
+    assert view.line().endswith("| sst2-n100-k0-t0 1/2 epochs")
+    # The first group ended: the second starts (0 of its epochs reported yet), the third still waits.
+    view.end(ids[0], "ok", 0.5)
+    view.on_trial_result(1, [pack], pack, {**first, "epoch": 2, "pack_waiting": json.dumps(ids[2:])})
+    assert "running 1 · pending 1 ·" in view.line() and view.line().endswith("| sst2-n100-k3-t0 0/2 epochs")
+    # A report made before packs said who waits (a restored experiment's) names none: every member runs.
+    older = a_pack(ids)
+    view = ProgressView({t: 100 * 2 for t in ids}, interval=30, clock=clock)
+    view.on_trial_result(0, [older], older, {k: v for k, v in first.items() if k != "pack_waiting"})
+    assert "running 3 · pending 0 ·" in view.line()
+
+
+def test_a_pack_trained_in_groups_reports_which_members_wait(tiny_bert, pretrained, synthetic, monkeypatch):
+    """A pack that the device holds one member of at a time (a GPU's memory, here made up on a CPU) trains three
+    groups one after another; each report names the members whose group has not started."""
+    from ray import tune
+
+    import trainables.fused as fused
+    from sweep.cli import parse_command_line
+    from sweep.experiments import EXPERIMENTS
+    from sweep.packs import pack_config
+    from trainables.tune_trainable import finetune_trainable
+
+    argv = ["incremental", "--model", tiny_bert, "--tasks", "synthetic", "--sizes", "16", "--k", "0", "2", "4",
+            "--trials", "1", "--epochs", "2", "--max-length", "32"]
+    members = [s.to_config() for s in EXPERIMENTS["incremental"].build(parse_command_line(argv).grid, 4, 4)]
+    ids = [m["trial_id"] for m in members]
+    one = fused.PEAK_BYTES_PER_PARAMETER * fused.parameter_count(pretrained) / fused.MEMORY_SHARE * 1.5
+    monkeypatch.setattr(fused, "device_budget", lambda device, fraction: int(one))
+    resources = type("Resources", (), {"required_resources": {"CPU": 1}})()
+    context = type("Context", (), {"get_trial_resources": lambda _: resources})()
+    monkeypatch.setattr(tune, "get_context", lambda: context)
+    monkeypatch.setattr(tune, "get_checkpoint", lambda: None)
+    reports = []
+    monkeypatch.setattr(tune, "report", lambda metrics, checkpoint=None: reports.append(metrics))
+    monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)  # the trainable sets its own
+    pack = pack_config(members)
+    finetune_trainable({"trial": pack}, {pack["data_key"]: synthetic}, {pack["model_key"]: pretrained})
+    waiting = [json.loads(r.get("pack_waiting", "[]")) for r in reports]
+    trained = [sorted(r["pack_results"]) for r in reports]
+    assert trained == [ids[:1], ids[:1], ids[:2], ids[:2], ids, ids], "one member a group, two epochs each"
+    assert waiting == [ids[1:], ids[2:], ids[2:], [], [], []], "waiting until the group before has ended"
+
+
+def specs_of(argv: list[str]) -> list:
+    from sweep.cli import parse_command_line
+    from sweep.experiments import EXPERIMENTS
+
+    return EXPERIMENTS[argv[0]].build(parse_command_line(argv).grid, 4, 4)
+
+
+def test_a_probing_sweep_shows_its_probes_one_running_at_a_time_and_each_ending(tiny_bert, tmp_path, monkeypatch,
+                                                                                 capsys):
+    from ray import tune
+
+    import sweep.probing as probing
+
+    specs = specs_of(["probing", "--model", tiny_bert, "--tasks", "synthetic", "--sizes", "24", "--trials", "1",
+                      "--probes", "mean-pool", "--layers", "0", "1", "2", "--max-probe-epochs", "3"])
+    built = {}
+    monkeypatch.setattr(tune, "with_parameters", lambda trainable, **objects: trainable)
+    monkeypatch.setattr(tune, "with_resources", lambda trainable, resources: trainable)
+    monkeypatch.setattr(probing, "make_tuner", lambda trainable, **options: built.update(options))
+    monkeypatch.setattr(probing, "fit", lambda tuner, tune_dir: None)
+    probing.run_probing(specs, data={}, pretrained={tiny_bert: type("Pretrained", (), {"state_dict": {}})},
+                        folder=tmp_path, tune_dir=tmp_path, cpus_per_trial=1,
+                        gpus_per_trial=0)
+    writer, view = built["callbacks"][:2]
+    assert writer.progress is view and view.work == {s.trial_id: 24 for s in specs}, "a probe counts its subset"
+
+    (group,) = built["param_space"]["trial"]["grid_search"]
+    subset = FakeTrial(group["trial_id"], 0, status="RUNNING")
+    subset.config = {"trial": group}
+    first = group["probes"][0]
+    view.see([subset])
+    # Its probes train one after another: the first runs, the others wait; a probe reports no epochs.
+    assert view.line().startswith("[0/3] ok 0 · diverged 0 · failed 0 · running 1 · pending 2 ·")
+    assert view.line().endswith("| synthetic-n24-t0 mean-pool layer 0")
+    capsys.readouterr()
+    report = with_ended({"row_id": first["trial_id"], "probe": "mean-pool", "layer": 0},
+                        [make_row(first["row"], {"dev_metric": 0.75, "metric_name": "accuracy", "stop_epoch": 3},
+                                  "ok")])
+    for callback in (writer, view):
+        callback.on_trial_result(0, [subset], subset, report)
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 1, "one line a probe: the view's, which ends with the writer's own account of the probe"
+    assert out[0].startswith("[1/3] ok 1 · diverged 0 · failed 0 · running 1 · pending 1 ·")
+    assert out[0].endswith(f"{first['trial_id']} mean-pool layer 0: ok dev accuracy 0.7500, stopped at epoch 3")
+    assert "synthetic-n24-t0 mean-pool layer 1 |" in out[0] and view.eta() is not None
+
+
+def test_a_searchs_studies_show_on_one_view_in_the_driver(tiny_bert, tmp_path, capsys):
+    """Each study's Tuner runs in a Ray task: a relay there hands its events to the driver's one view; its
+    landed trials are replayed (no work, not shown), the rest count, and a trial ASHA stopped is pruned."""
+    from sweep.progress import ProgressRelay, feed, short_name
+    from sweep.search import SearchRowWriter, cell_space, search_work
+
+    (spec,) = specs_of(["lr-multipliers", "--model", tiny_bert, "--tasks", "synthetic", "--sizes", "40", "--k", "2",
+                        "--trials", "1", "--epochs", "2"])
+    pretrained = {tiny_bert: type("Pretrained", (), {"num_layers": 4})()}
+    work = search_work([spec], pretrained, 4, {spec.trial_id: {1: [1.0] * 4}})  # s1 landed in an earlier run
+    ids = [f"{spec.trial_id}-s{n}" for n in (0, 2, 3)]
+    assert work == {t: 40 * 2 for t in ids}, "the study asks s1 first (replayed), then the free numbers"
+    assert short_name(ids[0]) == "synthetic-n40-k2-t0-s0", "the experiment's name has a hyphen of its own"
+
+    class Queue(list):  # ray.util.queue.Queue's calls, in one process
+        put_nowait = list.append
+
+    events, space = Queue(), cell_space(spec, 4)
+    relay = ProgressRelay(events)
+    writer = SearchRowWriter(tmp_path, spec.trial_id, 4, progress=relay)
+    trials = [FakeTrial(f"{spec.trial_id}-s{n}", 2) for n in (1, 0)]
+    for trial, number in zip(trials, (1, 0)):
+        trial.config = space(type("OptunaTrial", (), {"number": number, "suggest_float": lambda *a, **k: 1.0})())
+        relay.on_trial_start(0, trials, trial)
+    relay.on_trial_result(0, trials, trials[0], {"epoch": 1, "replayed": True})
+    relay.on_trial_result(0, trials, trials[1], {"epoch": 1})
+    trials[1].last_result = {"epoch": 1, "epochs_run": 1, "val_metric": 0.5}
+    writer.on_trial_complete(1, trials, trials[1])  # stopped by ASHA after its first epoch
+    assert capsys.readouterr().out == "", "in the study's task, the writer leaves its lines to the driver's view"
+
+    view, relayed = ProgressView(work, interval=30, clock=Clock()), {}
+    feed(view, events, relayed)
+    first, ended = capsys.readouterr().out.splitlines()
+    assert "running 1 · pending 2 ·" in first and first.endswith("| synthetic-n40-k2-t0-s0 0/2 epochs"), "s1 replays"
+    assert ended.startswith("[1/3] ok 0 · diverged 0 · pruned 1 · failed 0 · running 0 · pending 2 ·")
+    assert ended.endswith(f"| ended: [{spec.trial_id} 1/4] s0 pruned after 1/2 epochs | multipliers 1 1 1 1 | "
+                           "val 0.5000 dev None")

@@ -1874,7 +1874,8 @@ class PackRun:
 def finetune_pack(cfgs: list[FinetuneConfig], data: TokenizedTask, pretrained: Pretrained,
                   report: Callable[[dict[int, dict]], None] | None = None, pack_id: str | None = None,
                   save: Callable[[dict], None] | None = None, resume: dict | None = None,
-                  device_size: int | None = None) -> list[dict]:
+                  device_size: int | None = None, planned: Callable[[list[list[int]]], None] | None = None
+                  ) -> list[dict]:
     """Finetune and evaluate P trials as one computation; returns one dict per trial with the keys `finetune`
     returns, plus pack_size and pack_id (default: a random one). After each epoch `report({i: result})` gets the
     figures of every trial i that trained in it (a diverged trial's last report says so; it is in no later one).
@@ -1885,7 +1886,8 @@ def finetune_pack(cfgs: list[FinetuneConfig], data: TokenizedTask, pretrained: P
     which `resume=` goes on to the same numbers. `device_size`: the trials that train at once (default all); the
     rest wait their turn, each group set up in the background while the one before trains. An out-of-memory
     error splits the group training in two halves that go on one after the other from the step it stopped at.
-    Whatever the grouping, each trial's numbers are the ones it would have had alone."""
+    Whatever the grouping, each trial's numbers are the ones it would have had alone. `planned`, if given, gets
+    the groups (trial indices, in the order they train) once they are sized, before any trains."""
     started = time.perf_counter()
     torch.set_num_threads(max(1, max(c.threads for c in cfgs)))
     check_pack(cfgs, pretrained)
@@ -1912,6 +1914,8 @@ def finetune_pack(cfgs: list[FinetuneConfig], data: TokenizedTask, pretrained: P
         budget = device_budget(device, cfgs[0].gpu_fraction)
         size = device_size or group_size(len(cfgs), budget, parameter_count(pretrained))
         runs = [PackRun(list(range(first, min(first + size, len(cfgs))))) for first in range(0, len(cfgs), size)]
+    if planned is not None:
+        planned([list(run.members) for run in runs])
     probed = 0  # the largest group that trained past its memory probe
     groups = len(runs)
     held = HostBanks() if device.type == "cuda" and groups > 1 else None

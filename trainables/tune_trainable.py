@@ -10,6 +10,7 @@ finds it with `tune.get_checkpoint()` and continues after that epoch, to the sam
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -220,8 +221,9 @@ def finetune_trainable(config: dict, data: dict, pretrained: dict, checkpoint_ev
 def run_pack(pack: dict, data: dict, pretrained: dict, checkpoint_every: float | None = None,
              resume_from: str | None = None) -> None:
     """A pack of trials (sweep.packs) as one computation. Each epoch's report holds, under `pack_results` (by
-    trial_id), every member's latest figures (a diverged member's stay as they were when it stopped), and
-    the rows of the members that ended with it. Checkpoints as a single trial's (`pack_checkpoints`): a
+    trial_id), every member's latest figures (a diverged member's stay as they were when it stopped), under
+    `pack_waiting` the members whose group has not started (finetune_pack's `planned` groups; a JSON list,
+    absent when none), and the rows of the members that ended with it. Checkpoints as a single trial's (`pack_checkpoints`): a
     restarted pack goes on from its last one."""
     from ray import tune
 
@@ -233,18 +235,40 @@ def run_pack(pack: dict, data: dict, pretrained: dict, checkpoint_every: float |
             for m in members]
     latest = [{} for _ in members]
     where = where_it_runs()
+    save, resume, to_tune = pack_checkpoints(pack["trial_id"], members, checkpoint_every, resume_from)
+    groups: list[list[int]] = []  # as finetune_pack sizes them (`planned`), before its first report
+    group_of: dict[int, int] = {}
+
+    def planned(sized: list[list[int]]) -> None:
+        groups[:] = sized
+        group_of.update({i: g for g, group in enumerate(sized) for i in group})
+
+    # Members that have ended: a resumed pack's finished ones, and those that diverged in a group it goes on with
+    # (they report no more).
+    done = {int(i) for i in (resume or {}).get("finished", {})} | {
+        i for run in (resume or {}).get("runs", []) for i, ledger in zip(run["members"], run["ledgers"])
+        if not ledger.get("running", True)}
+    current = 0  # the group training now: the ones after it wait
 
     def report(epoch_results: dict[int, dict]) -> None:
+        nonlocal current
         rows = []
         for i, result in epoch_results.items():
             latest[i] = {**epoch_report(result, where), "trial_id": members[i]["trial_id"]}
             if ended(result, cfgs[i].epochs):
                 rows.append(make_row(members[i]["row"], latest[i], result["status"]))
+                done.add(i)
+        # A group trains to its end, then the next starts (an out-of-memory split's halves are one group's).
+        current = max([current, *(group_of[i] for i in epoch_results if i in group_of)])
+        while current < len(groups) and set(groups[current]) <= done:
+            current += 1
+        waiting = [members[i]["trial_id"] for group in groups[current + 1:] for i in group]
         epoch = max(r["epoch"] for r in epoch_results.values())
         # Keyed by trial_id, not a list: Tune's TensorBoard logger flattens a dict (each member's curves under
         # pack_results/<trial_id>/) but warns on a list of dicts.
         summary = {"epoch": epoch, "pack_size": len(members),
-                   "pack_results": {m["trial_id"]: r for m, r in zip(members, latest) if r}}
+                   "pack_results": {m["trial_id"]: r for m, r in zip(members, latest) if r},
+                   **({"pack_waiting": json.dumps(waiting)} if waiting else {})}
         if len(members) == 1:  # reported as the trial alone would be, so TensorBoard shows its curves the same
             # (its step too: see trial_reporter). A larger pack's epochs can go back down (a split's second half,
             # its finished members reported again on a resume), so Tune's own count stands there.
@@ -252,9 +276,8 @@ def run_pack(pack: dict, data: dict, pretrained: dict, checkpoint_every: float |
                        "training_iteration": epoch}
         to_tune(with_ended(summary, rows))
 
-    save, resume, to_tune = pack_checkpoints(pack["trial_id"], members, checkpoint_every, resume_from)
     finetune_pack(cfgs, data[pack["data_key"]], pretrained[pack["model_key"]], report=report,
-                  pack_id=pack["trial_id"], save=save, resume=resume)
+                  pack_id=pack["trial_id"], save=save, resume=resume, planned=planned)
 
 
 def pack_checkpoints(pack_id: str, members: list[dict], checkpoint_every: float | None, resume_from: str | None):
