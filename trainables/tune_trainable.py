@@ -223,8 +223,8 @@ def run_pack(pack: dict, data: dict, pretrained: dict, checkpoint_every: float |
     """A pack of trials (sweep.packs) as one computation. Each epoch's report holds, under `pack_results` (by
     trial_id), every member's latest figures (a diverged member's stay as they were when it stopped), under
     `pack_waiting` the members whose group has not started (finetune_pack's `planned` groups; a JSON list,
-    absent when none), and the rows of the members that ended with it. Checkpoints as a single trial's (`pack_checkpoints`): a
-    restarted pack goes on from its last one."""
+    absent when none), and the rows of the members that ended with it. Checkpoints as a single trial's
+    (`pack_checkpoints`): a restarted pack goes on from its last one."""
     from ray import tune
 
     from trainables.fused import finetune_pack
