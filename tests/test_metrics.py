@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from trainables.metrics import compute_metrics, headline_metric, matthews_correlation
+from trainables.metrics import chance_figures, compute_metrics, headline_metric, matthews_correlation
 from trainables.tasks import TASKS, Task
 
 
@@ -92,3 +92,45 @@ def test_bad_inputs_name_the_field_the_value_and_what_is_allowed():
         compute_metrics("stsb", [], [])
     with pytest.raises(ValueError, match=r"task 'glue' is not known"):
         compute_metrics("glue", [1], [1])
+
+
+def test_every_metric_and_its_chance_figure_against_the_textbook():
+    # By hand, not through scipy's correlations (which metrics.py itself calls): F1 from precision and recall,
+    # macro F1 as the mean over the classes seen, Pearson as covariance over the standard deviations, Spearman as
+    # Pearson of tie-averaged ranks; chance as the closed form of the best constant answer.
+    def f1_by_hand(p, y, c):
+        tp, fp, fn = np.sum((p == c) & (y == c)), np.sum((p == c) & (y != c)), np.sum((p != c) & (y == c))
+        return 0.0 if tp == 0 else 2 * (tp / (tp + fp)) * (tp / (tp + fn)) / (tp / (tp + fp) + tp / (tp + fn))
+
+    def ranks(x):  # 1-based, ties take the mean of the ranks they span
+        return np.array([np.sum(x < v) + (np.sum(x == v) + 1) / 2 for v in x])
+
+    pearson = lambda a, b: np.mean((a - a.mean()) * (b - b.mean())) / (a.std() * b.std())  # noqa: E731
+    rng = np.random.default_rng(7)
+    labels = rng.integers(0, 3, 90)
+    predictions = np.where(rng.random(90) < 0.5, labels, rng.integers(0, 3, 90))
+    nli3 = Task("nli3", ("a", "b"), 3, "macro_f1", None, metrics=("macro_f1", "accuracy", "matthews_correlation"))
+    result = compute_metrics(nli3, predictions, labels)
+    assert result["accuracy"] == pytest.approx(np.mean(predictions == labels))
+    assert result["macro_f1"] == pytest.approx(np.mean([f1_by_hand(predictions, labels, c) for c in range(3)]))
+    counts = np.bincount(labels, minlength=3)
+    # A constant answer c scores F1 2n_c / (n + n_c) on its own class and 0 on the two others.
+    best_macro = max(2 * counts / (90 + counts)) / 3
+    assert chance_figures(nli3, predictions, labels) == {"chance_metric": pytest.approx(best_macro),
+                                                         "constant_prediction": 0.0}
+    binary = labels % 2
+    for metric, chance in [("accuracy", max(binary.mean(), 1 - binary.mean())),
+                           ("f1", 2 * binary.sum() / (90 + binary.sum())), ("matthews_correlation", 0.0),
+                           ("macro_f1", max(2 * np.bincount(binary) / (90 + np.bincount(binary))) / 2)]:
+        task = Task("two", ("a",), 2, metric, None, metrics=(metric,))
+        assert chance_figures(task, np.ones(90, int), binary) == {"chance_metric": pytest.approx(chance),
+                                                                 "constant_prediction": 1.0}, metric
+    assert compute_metrics("mrpc", predictions % 2, binary)["f1"] == pytest.approx(f1_by_hand(predictions % 2,
+                                                                                               binary, 1))
+
+    scores = np.round(rng.uniform(0, 5, 60), 1)  # rounded: ties on both sides
+    guesses = np.round(scores + rng.normal(0, 1.5, 60), 0)
+    result = compute_metrics("stsb", guesses, scores)
+    assert result["pearson"] == pytest.approx(pearson(guesses, scores))
+    assert result["spearman"] == pytest.approx(pearson(ranks(guesses), ranks(scores)))
+    assert chance_figures("stsb", guesses, scores)["chance_metric"] == 0.0

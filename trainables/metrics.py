@@ -40,9 +40,10 @@ def compute_metrics(task: Task | str, predictions, labels) -> dict[str, float]:
 
 def chance_figures(task: Task | str, predictions, labels) -> dict[str, float]:
     """What a model that learned nothing scores, beside what this one did: `chance_metric`, the headline
-    metric of the best constant prediction (the majority class; 0.0 for a correlation, by the convention
-    above), and `constant_prediction`, 1.0 when these predictions are one value for every example (a trial
-    that fell back to it scores exactly a constant's share, which reads like a result unless it is shown)."""
+    metric of the best constant prediction (accuracy: the majority class; F1: the positive class, whichever
+    is the majority; 0.0 for MCC and a correlation, by the convention above), and `constant_prediction`, 1.0
+    when these predictions are one value for every example (a trial that fell back to it scores exactly a
+    constant's share, which reads like a result unless it is shown)."""
     task = as_task(task)
     predictions, labels = check_inputs(task, predictions, labels)
     score = METRICS[task.metric]
