@@ -13,7 +13,7 @@ import pytest
 from trainables.ablations import HeadReinit, Permute, Reinit
 from trainables.finetune import FinetuneConfig, draw_rows, finetune
 from trainables.models import load_pretrained, load_tokenizer
-from trainables.tasks import load_squad, read_squad_file
+from trainables.tasks import TaskData, load_squad, read_squad_file
 from trainables.qa import (QASplit, best_answers, example_count, select_questions, squad_metrics,
                            tokenize_qa_task)
 
@@ -44,6 +44,14 @@ def test_metrics_are_the_official_definition_on_hand_made_predictions():
                 "no_ans_exact": 1 / 2, "no_ans_f1": 1 / 2}
     assert metrics == pytest.approx(expected)
     assert math.isnan(squad_metrics(["x"], [("x",)])["no_ans_f1"])  # no unanswerable question: undefined
+    # The script's corners: EM and F1 each take their own best gold (F1 0.8 from the longer one here); a gold
+    # that normalizes to nothing ("the") leaves an answerable question that only an empty answer matches, as does
+    # an unanswerable one ("The !" is empty once normalized); whitespace collapses; "—" is no ASCII punctuation.
+    answers = [("France", "northern France region"), ("the",), (), ("Rollo  of\nNormandy",), ("Zürich",)]
+    predictions = ["northern France", "An.", "The !", " rollo of normandy ", "Zürich—"]
+    assert squad_metrics(predictions, answers) == pytest.approx({
+        "exact": 3 / 5, "f1": 3.8 / 5, "has_ans_exact": 2 / 4, "has_ans_f1": 2.8 / 4, "no_ans_exact": 1.0,
+        "no_ans_f1": 1.0})
 
 
 def test_windows_overlap_and_their_labels_map_back_to_the_gold_text(squad):
@@ -98,6 +106,47 @@ def test_bad_files_get_one_clear_line(tmp_path):
     with pytest.raises(ValueError, match=r"question q-17: answer_start 3 does not point at its answer 'Normans' "
                                          r"\(the context there reads ' Norman'\)"):
         read_squad_file(write(tmp_path / "c.json", bad))
+
+
+def test_an_answer_with_no_text_is_refused_not_labelled_as_the_next_word(tmp_path):
+    # Some SQuAD-style conversions mark a question unanswerable with {"text": "", "answer_start": 0} and no
+    # is_impossible: read as answerable, its windows were labelled with the word at answer_start (and an
+    # empty context crashed every trial), while the metrics scored it as unanswerable.
+    qa = {"id": "q-9", "question": "Who?", "answers": [{"text": "", "answer_start": 4}]}
+    blank = {"version": "v2.0", "data": [{"title": "t", "paragraphs": [{"context": "The Normans.", "qas": [qa]}]}]}
+    with pytest.raises(ValueError, match=r"question q-9: answer_start 4 holds an empty answer ''; an unanswerable "
+                                         r"question has \"answers\": \[\]"):
+        read_squad_file(write(tmp_path / "blank.json", blank))
+
+
+def test_the_best_span_of_any_window_beats_the_lowest_null_score(tiny_bert):
+    # Hand-made logits on real windows: the answer lies in the last window only, and higher sums elsewhere are
+    # no spans (a start in the question, an end before its start, 31 tokens); the null score is each
+    # question's lowest over its windows, as the official example compares it.
+    import datasets
+
+    context = "Café naïve résumé\u00a0— “word”. " * 12 + "It lies in Zürich  city, they say."
+    answer = "Zürich  city"
+    rows = datasets.Dataset.from_dict({"id": ["a"], "question": ["Where?"], "context": [context],
+                                       "answers": [{"text": [answer], "answer_start": [context.index(answer)]}]})
+    split = tokenize_qa_task(TaskData(None, rows, rows, "x"), load_tokenizer(tiny_bert), "tiny", 64).validation
+    assert len(split) >= 3 and (split.labels[:-1] == split.cls_positions[:-1, None]).all()
+    logits = [np.full((n, 2), -100.0) for n in split.lengths]
+    for window, cls in zip(logits, split.cls_positions):
+        window[cls] = 50.0  # a null far above the answer in every window but the first
+    start, end = split.labels[-1]
+    logits[-1][start, 0] = logits[-1][end, 1] = 5.0
+    first = logits[0]
+    context_tokens = np.flatnonzero(split.char_starts[: split.lengths[0]] >= 0)
+    c = context_tokens[0]
+    first[split.cls_positions[0]] = 4.0
+    first[1, :] = 20.0  # a question token
+    first[c + 5, 0] = first[c + 2, 1] = 8.0  # end before start
+    first[c + 10, 0] = first[c + 41, 1] = 9.0  # 32 tokens long
+    assert c + 41 <= context_tokens[-1]
+    assert best_answers(split, logits) == [answer]
+    first[split.cls_positions[0]] = 6.0  # the lowest null (12) now beats the answer (10)
+    assert best_answers(split, logits) == [""]
 
 
 def test_sweep_refuses_a_folder_without_the_squad_files(tiny_bert, tmp_path, capsys):

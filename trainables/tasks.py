@@ -583,6 +583,12 @@ def squad_questions(document, path: Path):
 
 def check_answers(source: str, question_id: str, context: str, answers: dict) -> None:
     for text, start in zip(answers["text"], answers["answer_start"]):
+        # A blank answer is no span: its windows would be labelled with the word at answer_start, while the
+        # official metrics score the question as unanswerable.
+        if not text.strip():
+            raise ValueError(f"{source}: question {question_id}: answer_start {start} holds an empty answer {text!r}; "
+                             "an unanswerable question has \"answers\": [] (and \"is_impossible\": true), an "
+                             "answerable one the text of its span")
         if start < 0 or context[start : start + len(text)] != text:
             raise ValueError(f"{source}: question {question_id}: answer_start {start} does not point at its answer "
                              f"{text!r} (the context there reads {context[max(start, 0) : max(start, 0) + len(text)]!r})")
