@@ -469,20 +469,24 @@ def is_unreachable(err: Exception) -> bool:
                                          "hub", "internet"))
 
 
-def size_problems(settings: GridSettings, raw: dict) -> list[str]:
-    """--sizes beyond a task's train split, from the data read (or GLUE's known split sizes in a dry run)."""
-    first = [t for t in settings.intermediate_tasks or () if t not in settings.tasks]
-    split = {**{t: KNOWN_TRAIN_SIZES[t] for t in [*settings.tasks, *first]
+def size_problems(settings: GridSettings, raw: dict, intermediate=()) -> list[str]:
+    """--sizes beyond a task's train split, from the data read (or GLUE's known split sizes in a dry run);
+    `intermediate`: the tasks sequential finetuning trains on first, at the size of each other task's cell."""
+    split = {**{t: KNOWN_TRAIN_SIZES[t] for t in [*settings.tasks, *intermediate]
                 if t in KNOWN_TRAIN_SIZES and not settings.data_dir},
              **{t: len(d.train) for t, d in raw.items()}}
     largest = {task: max((s for s in settings.sizes if (task, s) not in settings.skip), default=0)
                for task in settings.tasks}
+    too_large = [task for task in settings.tasks if task in split and largest[task] > split[task]]
     problems = [f"--sizes: {largest[task]} is larger than the {task} train split ({split[task]:,} examples)"
-                for task in settings.tasks if task in split and largest[task] > split[task]]
-    widest = max(largest.values(), default=0)  # an intermediate task is trained first at each cell's size
-    return problems + [f"--sizes: {widest} is larger than the {task} train split ({split[task]:,} examples), "
-                       "which --intermediate-tasks trains on first at that size"
-                       for task in first if task in split and widest > split[task]]
+                for task in too_large]
+    for first in dict.fromkeys(intermediate):
+        # its own cells aside (a skipped one too): every other task's cell trains on it first at that cell's size
+        widest = max((size for task, size in largest.items() if task != first), default=0)
+        if first in split and first not in too_large and widest > split[first]:
+            problems.append(f"--sizes: {widest} is larger than the {first} train split ({split[first]:,} examples), "
+                            "which --intermediate-tasks trains on first at that size")
+    return problems
 
 
 def window_problems(settings: GridSettings, raw: dict) -> list[str]:
@@ -544,7 +548,9 @@ def plan(sweep: Sweep, dry_run: bool) -> Planned:
         raise Refused(problems)
     tasks = list(dict.fromkeys([*grid.tasks, *(grid.intermediate_tasks or ())]))
     raw = load_data(sweep, tasks, dry_run)
-    problems = size_problems(grid, raw) + window_problems(grid, raw)
+    sequential = any(option.name == "intermediate_tasks" for option in experiment.options)
+    intermediate = (grid.intermediate_tasks or grid.tasks) if sequential else ()
+    problems = size_problems(grid, raw, intermediate) + window_problems(grid, raw)
     if problems:
         raise Refused(problems)
     if grid.fractions:  # sizes from fractions need each task's train split size

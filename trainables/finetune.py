@@ -379,7 +379,10 @@ def finetune_intermediate(model, cfg: FinetuneConfig, intermediate: TokenizedTas
     torch.manual_seed(cfg.seed)
     tick, flops = time.perf_counter(), 0.0
     for _ in range(cfg.epochs):
-        flops += train_epoch(first, intermediate.train, rows, cfg, optimizer, scheduler, rng, compute).flops
+        stats = train_epoch(first, intermediate.train, rows, cfg, optimizer, scheduler, rng, compute)
+        flops += stats.flops
+        if not (math.isfinite(stats.loss) and finite_weights(first)):
+            break  # diverged: the final task's first epoch finds its weights so and stops the trial there
     seconds = time.perf_counter() - tick
     model.base_model.load_state_dict(first.base_model.state_dict())
     return flops, seconds, weight_distance(start, first)
