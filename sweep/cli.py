@@ -339,6 +339,7 @@ def model_limits(model: str, dry_run: bool) -> Limits:
 def family_problems(limits: Limits, experiment: str, settings: GridSettings) -> list[str]:
     """Whether the model's family is supported, and supports this experiment and its pooler options."""
     from trainables.models import FAMILIES
+    from trainables.tasks import SQUAD_V2
 
     model, model_type = limits.model, limits.model_type
     if model_type not in FAMILIES:
@@ -349,6 +350,10 @@ def family_problems(limits: Limits, experiment: str, settings: GridSettings) -> 
     if FAMILIES[model_type].pooler is None and settings.reinit_pooler:
         return [f"--reinit-pooler: '{model}' is a '{model_type}' model, whose classifier has no pretrained pooler "
                 "(its head is drawn fresh in every trial); leave it out"]
+    if settings.reinit_pooler and SQUAD_V2 in settings.tasks:
+        return [f"--reinit-pooler: {SQUAD_V2}'s span head reads every token's state, never the pooler, so resetting "
+                "it changes nothing but the draws after it; leave it out, or run the other tasks in a sweep of their "
+                "own with it"]
     return []
 
 

@@ -228,3 +228,16 @@ def test_span_and_classifier_encoders_hand_over_for_sequential_finetuning(tiny_f
     span, classifier = build_span_model(pretrained, 0), build_classifier(pretrained, 2, 0)
     span.base_model.load_state_dict(classifier.base_model.state_dict())
     classifier.base_model.load_state_dict(span.base_model.state_dict())
+
+
+def test_reinit_pooler_is_refused_for_squad_v2_whose_span_head_never_reads_it(tiny_bert, tmp_path, capsys):
+    # The BERT span model keeps a pooler it never reads: the flag reset it for nothing (but the draws after it).
+    from sweep.cli import main
+
+    argv = ["incremental", "--model", tiny_bert, "--tasks", "squad_v2", "--sizes", "16", "--trials", "1",
+            "--storage", str(tmp_path), "--dry-run"]
+    assert main([*argv, "--reinit-pooler"]) == 2
+    assert "--reinit-pooler: squad_v2's span head reads every token's state, never the pooler" in \
+        capsys.readouterr().err
+    main(argv)
+    assert "--reinit-pooler" not in capsys.readouterr().err
