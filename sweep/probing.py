@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 from pathlib import Path
 
 from sweep.checks import cannot_start
@@ -82,32 +81,14 @@ class ProbeRowWriter(RowWriter):
 
     def __init__(self, folder: Path, total: int, progress=None):
         super().__init__(folder, progress=progress)
-        self.total, self.started = total, time.monotonic()
-        self.landing: dict | None = None  # the row `land` is landing, for `tell`
+        self.total = total
 
-    def land(self, row: dict) -> bool:
-        self.landing = row
-        try:
-            written = super().land(row)
-        finally:
-            self.landing = None
-        if written and self.progress is None:
-            print(f"[{len(self.written)}/{self.total}] {time.monotonic() - self.started:6.0f}s {self.describe(row)}",
-                  flush=True)
-        return written
-
-    def describe(self, row: dict) -> str:
+    def line(self, row: dict) -> str:
         metric = row.get("dev_metric")
         shown = f"dev {row.get('metric_name')} {metric:.4f}, stopped at epoch {row.get('stop_epoch')}" \
             if isinstance(metric, float) else ""
-        return f"{row['trial_id']} {row['probe']} layer {row['layer']}: {row['status']} {shown}".rstrip()
-
-    def tell(self, trial_id: str, status: str, metric) -> None:
-        row = self.landing
-        if self.progress is not None:
-            detail = self.describe(row) if row is not None and row["trial_id"] == trial_id and status != "unwritten" \
-                else None
-            self.progress.end(trial_id, status, metric, detail)
+        return (f"[{len(self.written)}/{self.total}] {row['trial_id']} {row['probe']} layer {row['layer']}: "
+                f"{row['status']} {shown}").rstrip()
 
 
 def run_probing(

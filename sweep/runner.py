@@ -113,12 +113,19 @@ class RowWriter(Callback):
         if written:
             self.written.append(trial_id)
         # Told even when another writer's row stood first: the trial has ended either way.
-        self.tell(trial_id, row["status"], row.get("dev_metric"))
+        self.tell(trial_id, row["status"], row.get("dev_metric"), row)
+        if written and self.progress is None and (line := self.line(row)):
+            print(line, flush=True)
         return written
 
-    def tell(self, trial_id: str, status: str, metric) -> None:
+    def line(self, row: dict) -> str | None:
+        """This writer's own line for a row it landed (a probe's, a search's sample): the progress view's line of
+        its trial's end, or printed where there is no view. None: the view's plain line, and nothing printed."""
+        return None
+
+    def tell(self, trial_id: str, status: str, metric, row: dict | None = None) -> None:
         if self.progress is not None:
-            self.progress.end(trial_id, status, metric)
+            self.progress.end(trial_id, status, metric, self.line(row) if row is not None else None)
 
     def unended(self, trial) -> list[dict]:
         return [m for m in planned_members(trial.config["trial"])

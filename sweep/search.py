@@ -153,7 +153,6 @@ class SearchRowWriter(RowWriter):
     def __init__(self, folder: Path | str, cell: str, num_samples: int, progress=None):
         super().__init__(folder, progress=progress)
         self.cell, self.num_samples = cell, num_samples
-        self.landing: dict | None = None  # the row `land` is landing, for `tell`
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         last = trial.last_result or {}
@@ -166,31 +165,13 @@ class SearchRowWriter(RowWriter):
     def end_row(self, member: dict, last: dict) -> dict:
         return make_row(member["row"], last, "pruned", val_objective=last.get(VAL_METRIC))  # ASHA stopped it
 
-    def land(self, row: dict) -> bool:
-        self.landing = row
-        try:
-            written = super().land(row)
-        finally:
-            self.landing = None
-        if written and self.progress is None:
-            print(self.describe(row), flush=True)
-        return written
-
-    def describe(self, row: dict) -> str:
+    def line(self, row: dict) -> str:
         done = count_rows(self.folder, f"{self.cell}-s")
         shown = " ".join(f"{m:.3g}" for m in row["multipliers"])
         val, dev = row.get("val_objective"), row.get("dev_metric")
         return (f"[{self.cell} {done}/{self.num_samples}] s{row['sample']} {row['status']} after "
                 f"{row.get('epochs_run') or 0}/{row['epochs']} epochs | multipliers {shown} | val "
                 f"{val if val is None else f'{val:.4f}'} dev {dev if dev is None else f'{dev:.4f}'}")
-
-    def tell(self, trial_id: str, status: str, metric) -> None:
-        """The view's line of a trial's end is the row's own, as printed without a view."""
-        row = self.landing
-        if self.progress is not None:
-            detail = self.describe(row) if row is not None and row["trial_id"] == trial_id and status != "unwritten" \
-                else None
-            self.progress.end(trial_id, status, metric, detail)
 
 
 def count_rows(folder: Path | str, prefix: str) -> int:
