@@ -152,6 +152,20 @@ def test_a_cpu_packs_memory_is_checked_on_the_nodes_its_bundle_fits(tmp_path):
     assert pack_memory_problems([{}] * 3, 1.0, nodes, parameters * 100, bootstrap=str(tmp_path / "none")) == []
 
 
+def held_card():
+    """An actor holding one whole GPU (declared, not real) until killed: a card other work has taken."""
+    import ray
+
+    @ray.remote(num_cpus=0, num_gpus=1)
+    class Holder:
+        def ready(self) -> bool:
+            return True
+
+    holder = Holder.remote()
+    ray.get(holder.ready.remote(), timeout=60)
+    return holder
+
+
 def test_auto_pack_sizing_does_not_wait_for_a_cpu_on_a_gpu_node_that_declares_none(connected):
     # A GPU node started with no CPUs (a GPU head kept free of trials, as cluster.yaml's head) is asked for its
     # card's free memory like every GPU node: a question that also asks for a CPU cannot be placed there, and Ray
@@ -163,13 +177,7 @@ def test_auto_pack_sizing_does_not_wait_for_a_cpu_on_a_gpu_node_that_declares_no
 
     from sweep.packs import gpu_memory
 
-    @ray.remote(num_cpus=0, num_gpus=1)
-    class Holder:
-        def ready(self) -> bool:
-            return True
-
-    holder = Holder.remote()
-    ray.get(holder.ready.remote(), timeout=60)  # on the worker: the only GPU node yet
+    holder = held_card()  # on the worker: the only GPU node yet
     extra = connected.add_node(num_cpus=0, num_gpus=1, object_store_memory=200 * 2**20)
     connected.wait_for_nodes()
     outcome: dict = {}
@@ -202,13 +210,7 @@ def test_auto_pack_sizing_refuses_with_what_to_do_when_no_card_answers_in_time(c
 
     from sweep.packs import gpu_memory
 
-    @ray.remote(num_cpus=0, num_gpus=1)
-    class Holder:
-        def ready(self) -> bool:
-            return True
-
-    holder = Holder.remote()
-    ray.get(holder.ready.remote(), timeout=60)  # the worker's only card, held
+    holder = held_card()  # the worker's only card
     said: list[str] = []
     try:
         tick = time.monotonic()
