@@ -53,9 +53,12 @@ def summary(args) -> int:
     left = int((~usable).sum())
     if left:
         diverged = int(rows["status"].eq("diverged").sum())
+        # stopped early by a search's scheduler, not failed: counted apart, as the report's header does
+        pruned = int(rows["status"].eq("pruned").sum())
         valueless = int((rows["status"].eq("ok") & ~usable).sum())
-        print(f"\nleft out of the means: {diverged} diverged, {left - diverged} failed"
-              + (f" ({valueless} of them finished without a dev metric)" if valueless else ""))
+        print(f"\nleft out of the means: {diverged} diverged, {left - diverged - pruned} failed"
+              + (f" ({valueless} of them finished without a dev metric)" if valueless else "")
+              + (f", {pruned} pruned by the search's scheduler (the table's `failed` counts them)" if pruned else ""))
     if args.csv:
         table.to_csv(args.csv, index=False)
     return 0

@@ -140,7 +140,19 @@ def _task_axes(ax, task, metric, rows: pd.DataFrame | None = None) -> None:
     chance = _chance(rows, task, metric)
     if chance is not None:
         ax.axhline(chance, color=CHANCE_COLOR, linestyle=(0, (1, 2)), linewidth=1.1, zorder=0.5,
-                   label="majority class (a constant prediction)")
+                   label=_chance_label(task, metric))
+
+
+def _chance_label(task, metric) -> str:
+    """What the constant behind the chance line is (trainables.metrics.chance_figures, trainables.qa): a
+    majority class only where the metric is accuracy."""
+    if task in ("squad", "squad_v2"):
+        return "no answer to any question (a constant prediction)"
+    if metric == "accuracy":
+        return "majority class (a constant prediction)"
+    if metric in ("f1", "macro_f1"):
+        return "best single class (a constant prediction)"
+    return "a constant prediction (0 by convention)"
 
 
 def _chance(rows: pd.DataFrame | None, task, metric) -> float | None:
@@ -415,7 +427,8 @@ def permutation_figure(rows: pd.DataFrame) -> list[Plot]:
             ax.set_xlabel(f"{int(line['n'])} permutations, {int(line['trials'])} trials", fontsize=8.5)
         _legend(figure, axes, columns=3)
         first = sub.iloc[0]
-        _title(figure, f"Layer permutations, {_short('model', first['model'])}, {int(first['train_size']):,} examples")
+        _title(figure, f"Layer permutations, {_short('model', first['model'])}, {int(first['train_size']):,} examples"
+               + _extra(part))
         plots.append(Plot(
             f"fig4-permutation{suffix}", figure,
             "Figure 4. Finetuning with all layers pretrained but in a shuffled order: one circle per "
@@ -427,14 +440,23 @@ def permutation_figure(rows: pd.DataFrame) -> list[Plot]:
 
 
 def scatter_figure(rows: pd.DataFrame, size: int = 500) -> list[Plot]:
-    """Figure 5: every incremental trial at `size` examples (the smallest size when there is no `size`),
-    one point per trial, the mean dotted."""
+    """Figure 5: every incremental trial at `size` examples, one point per trial, the mean dotted; per model
+    without `size`, its smallest share of each train split (--fractions: each task at its own size) or else its
+    smallest size."""
     picked = T.of(rows, "incremental")
     if picked.empty:
         return []
-    sizes = set(picked["train_size"].dropna().astype(int))
-    size = size if size in sizes else min(sizes)
-    picked = picked[(picked["train_size"] == size)]
+    share = picked["train_fraction"] if "train_fraction" in picked.columns else pd.Series(np.nan, index=picked.index)
+    chosen = []
+    for _, mine in picked.groupby("model", dropna=False, sort=False):
+        sizes = set(mine["train_size"].dropna().astype(int))
+        if size in sizes:
+            chosen.append(mine[mine["train_size"] == size])
+        elif share[mine.index].notna().any():  # one size would keep one task of a share: 0.01 is 673 and 86
+            chosen.append(mine[share[mine.index] == share[mine.index].min()])
+        elif sizes:
+            chosen.append(mine[mine["train_size"] == min(sizes)])
+    picked = pd.concat(chosen) if chosen else picked.iloc[0:0]
     ok = picked[(picked["status"] == "ok") & picked["dev_metric"].notna()]
     if ok.empty:
         return []
@@ -461,12 +483,21 @@ def scatter_figure(rows: pd.DataFrame, size: int = 500) -> list[Plot]:
         _legend(figure, axes)
         per = ok[ok.index.isin(sub.index)].groupby(["task", "k"]).size()
         trials = f"{per.min()}-{per.max()}" if per.min() != per.max() else str(per.max())
-        _title(figure, f"Every incremental trial at {size:,} examples, {_short('model', model)}" + _extra(part))
+        fraction = share[sub.index]
+        if fraction.notna().all() and fraction.nunique() == 1:
+            scale, stem = f"{fraction.iloc[0]:g} of each train split", f"f{fraction.iloc[0]:g}"
+            scale += " (" + ", ".join(f"{T.TASK_NAMES.get(t, t)} {int(n):,}" for t, n in sub.groupby(
+                "task")["train_size"].first().sort_index(key=lambda i: i.map(T.task_key)).items()) + " examples)"
+        else:
+            scale, stem = f"{int(sub['train_size'].iloc[0]):,} training examples", f"n{int(sub['train_size'].iloc[0])}"
+        _title(figure, f"Every incremental trial at {scale.replace('training ', '')}, {_short('model', model)}"
+               + _extra(part))
         plots.append(Plot(
-            f"fig5-scatter-n{size}{suffix}", figure,
-            f"Figure 5. Every finished incremental trial with {size:,} training examples ({trials} per k), "
+            f"fig5-scatter-{stem}{suffix}", figure,
+            f"Figure 5. Every finished incremental trial with {scale} ({trials} per k), "
             "jittered horizontally; the dotted line joins the means." + _excluded_note(T.incremental_table(sub)),
-            "scatter_figure", f"Figure 5: every incremental trial ({_context(sub, part)})"))
+            "scatter_figure", f"Figure 5: every incremental trial ({_context(sub, part)}"
+            + (f", {stem[1:]} of each train split" if stem.startswith("f") else "") + ")"))
     return plots
 
 
@@ -648,7 +679,8 @@ def sequential_figure(rows: pd.DataFrame) -> list[Plot]:
         scale = f"{int(first['train_size']):,} examples" if pd.isna(share) else f"{share:g} of each train split"
         context = _context(sub, {c: v for c, v in part.items() if c != "train_fraction"})
         context += "" if pd.isna(share) else f", {scale}"
-        _title(figure, f"Sequential finetuning, {_short('model', first['model'])}, {scale}")
+        _title(figure, f"Sequential finetuning, {_short('model', first['model'])}, {scale}"
+               + _extra(part, ("model", "train_size", "train_fraction")))
         plots.append(Plot(
             f"sequential-matrix{suffix}", figure,
             "Sequential finetuning: finetune on the intermediate task (column), then on the final task (row). "
@@ -737,11 +769,15 @@ def experiment_figure(rows: pd.DataFrame, experiment: str) -> list[Plot]:
         fig, axes = _panels(len(tasks))
         first = sub.iloc[0]
         ticks = sorted(sub[view.x].dropna().unique(), key=_tick_order) if view.x else [experiment]
+        series = [name for name, _ in sub.groupby(view.series, sort=True)] if view.series else [experiment]
         missing = []
         for ax, task in zip(axes, tasks):
             here = sub[sub["task"] == task]
             groups = here.groupby(view.series, sort=True) if view.series else [(experiment, here)]
-            for i, (name, group) in enumerate(groups):
+            for name, group in groups:
+                # colour and offset by the series' place in the whole figure: a panel that lacks one of them
+                # must not draw the next in the colour the legend gives the missing one
+                i = series.index(name)
                 x = [ticks.index(v) for v in group[view.x]] if view.x else [0] * len(group)
                 _errorline(ax, x, group, color=SERIES_COLORS[i % len(SERIES_COLORS)], label=str(name),
                              offset=0.1 * i)
@@ -782,8 +818,9 @@ def probing_figure(rows: pd.DataFrame) -> list[Plot]:
         for ax, (task, size) in zip(axes, cells):
             here = tuned[(tuned["task"] == task) & (tuned["train_size"] == size)] if len(tuned) else tuned
             several = len(here) and here["reinit_mode"].nunique() > 1
-            finetuned = _lines(here, ["reinit_mode", "metric_name"], ("k", "train_size")) if len(here) else []
-            for i, ((mode, _), more, line) in enumerate(finetuned):
+            # (not `finetuned`: the next model's lines are picked from that table)
+            tuned_lines = _lines(here, ["reinit_mode", "metric_name"], ("k", "train_size")) if len(here) else []
+            for i, ((mode, _), more, line) in enumerate(tuned_lines):
                 _errorline(ax, line["k"], line, color=SERIES_COLORS[0], marker="os^Dv"[i % 5],
                            label="finetuned, layers 1..k pretrained" + (f" ({mode})" if several else "") + more)
             there = probe[(probe["task"] == task) & (probe["train_size"] == size)]

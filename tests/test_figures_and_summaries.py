@@ -160,3 +160,90 @@ def test_each_probing_setting_keeps_its_own_mean_stopping_epoch():
                 reinit_layers=[], stop_epoch=patience + 1) for patience in (5, 10) for t in range(2)]
     table = probing_table(prepare(pd.DataFrame(rows))).set_index("patience")
     assert table["mean_stop_epoch"].to_dict() == {5: 6.0, 10: 11.0}
+
+
+def test_probing_beside_finetuning_draws_every_model_of_the_store():
+    # The second model's finetuned lines were picked from the first model's exhausted line generator: a crash
+    # of the figure, and so of `python -m analysis report`, on any store that probed and finetuned two models.
+    rows = []
+    for m, shift in (("a", 0.0), ("b", 0.05)):
+        rows += [row(f"{m}i{k}-{t}", k=k, t=t, model=m, value=0.5 + 0.1 * k + shift + 0.01 * t)
+                 for k in (0, 4) for t in range(2)]
+        rows += [row(f"{m}p{layer}-{t}", experiment="probing", k=None, t=t, model=m, probe="mean-pool", layer=layer,
+                     reinit_layers=[], value=0.6 + shift) for layer in range(2) for t in range(2)]
+    plots = F.probing_figure(prepare(pd.DataFrame(rows)))
+    assert [p.name for p in plots] == ["probing-vs-incremental-a", "probing-vs-incremental-b"]
+    x, y = lines(plots[1])["finetuned, layers 1..k pretrained"]
+    assert x == [0, 4] and y == pytest.approx([0.555, 0.955])
+
+
+def test_figure_5_of_a_fractions_store_draws_every_task_at_its_smallest_share():
+    # At --fractions 0.01 0.1 SST-2 trains on 673 and 6,735 examples, CoLA on 86 and 855: the smallest size
+    # (86) kept CoLA alone, and SST-2 was silently missing from Figure 5.
+    rows = [row(f"{task}{share}-{k}-{t}", task=task, k=k, t=t, train_size=n, train_fraction=share,
+                value=0.5 + 0.1 * k + share + 0.01 * t)
+            for task, sizes in (("sst2", (673, 6735)), ("cola", (86, 855))) for share, n in zip((0.01, 0.1), sizes)
+            for k in (0, 4) for t in range(2)]
+    (plot,) = F.scatter_figure(prepare(pd.DataFrame(rows)))
+    assert [ax.get_title() for ax in plot.figure.axes] == ["SST-2", "CoLA"]
+    for panel in (0, 1):
+        assert lines(plot, panel)["mean"] == ([0, 4], pytest.approx([0.515, 0.915]))
+    assert plot.name == "fig5-scatter-f0.01" and "0.01 of each train split" in plot.caption
+
+
+def test_a_series_keeps_its_colour_in_a_panel_that_lacks_another():
+    # CoLA ran the feed-forward block only: drawn in the first colour, it read as "attention" by the legend.
+    rows = [row(f"{task}{part}{layer}-{t}", task=task, experiment="sublayer", k=None, layer=layer, sublayer=part,
+                reinit_layers=[], t=t, value=(0.6 if part == "attention" else 0.8) + 0.01 * t)
+            for task, parts in (("sst2", ("attention", "feed-forward")), ("cola", ("feed-forward",)))
+            for part in parts for layer in (1, 2) for t in range(2)]
+    (plot,) = F.experiment_figure(prepare(pd.DataFrame(rows)), "sublayer")
+    legend = {text.get_text(): handle.get_color()
+              for text, handle in zip(plot.figure.legends[0].texts, plot.figure.legends[0].legend_handles)}
+    for ax in plot.figure.axes:
+        for line in ax.get_lines():
+            if line.get_label() in ("attention", "feed-forward"):
+                assert line.get_color() == legend[line.get_label()], (ax.get_title(), line.get_label())
+
+
+def test_the_chance_line_names_the_constant_it_is():
+    # STS-B is a regression (no class at all) and SQuAD's constant is answering nothing: neither a majority class.
+    rows = [row(f"{task}{k}-{t}", task=task, k=k, t=t, metric_name=metric, dev_chance_metric=chance, value=0.3 + k / 20)
+            for task, metric, chance in (("sst2", "accuracy", 0.51), ("stsb", "pearson", 0.0), ("squad_v2", "f1", 0.5))
+            for k in (0, 4) for t in range(2)]
+    (plot,) = F.incremental_figure(prepare(pd.DataFrame(rows)))
+    chance = [{line.get_label(): line.get_ydata()[0] for line in ax.get_lines() if "constant" in line.get_label()}
+              for ax in plot.figure.axes]
+    assert chance == [{"majority class (a constant prediction)": 0.51},
+                      {"a constant prediction (0 by convention)": 0.0},
+                      {"no answer to any question (a constant prediction)": 0.5}]
+    assert [ax.get_ylabel() for ax in plot.figure.axes] == ["dev accuracy", "dev Pearson r", "dev F1"]
+
+
+def test_summary_and_report_count_a_searchs_pruned_trials_alike(tmp_path, capsys):
+    # ASHA's pruned trials are not failures: the report said "2 pruned", the summary "2 failed".
+    from analysis.__main__ import main
+    from analysis.report import build_report
+    from sweep.store import write_row
+
+    for r in [row(f"a{t}", experiment="lr-multipliers", k=2, t=t, value=0.8) for t in range(3)] + \
+             [row(f"p{t}", experiment="lr-multipliers", k=2, t=t + 3, value=0.7, status="pruned") for t in range(2)]:
+        write_row(tmp_path / "rows", r)
+    assert main(["summary", str(tmp_path / "rows")]) == 0
+    printed = capsys.readouterr().out
+    assert "0 diverged, 0 failed, 2 pruned" in printed
+    header = build_report(tmp_path / "rows", tmp_path / "report", formats=["png"]).header
+    assert "Trials: 3 ok, 0 diverged, 2 pruned, 0 error." in header
+
+
+def test_figures_split_by_a_setting_say_it_in_their_own_titles():
+    # Two sweeps at 3 and 10 epochs: two Figure 4s and two matrices whose images carried the same title.
+    orders = {3: [[1, 2, 3, 4], [4, 3, 2, 1], [2, 1, 4, 3]], 10: [[1, 3, 2, 4], [3, 1, 4, 2], [2, 4, 1, 3]]}
+    rows = [row(f"{e}-{p}", experiment="permutation", k=None, reinit_layers=[], epochs=e, permutation=order,
+                permutation_index=p, t=p, value=0.5 + 0.01 * p)
+            for e, drawn in orders.items() for p, order in enumerate(drawn)]
+    rows += [row(f"s{e}-{i}-{t}", experiment="sequential", k=None, reinit_layers=[], epochs=e, t=t, intermediate_task=i)
+             for e in (3, 10) for i in (None, "cola") for t in range(2)]
+    rows = prepare(pd.DataFrame(rows))
+    for plots in (F.permutation_figure(rows), F.sequential_figure(rows)):
+        assert [p.figure._suptitle.get_text().endswith(f"(epochs={e})") for p, e in zip(plots, (3, 10))] == [True] * 2
