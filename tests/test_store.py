@@ -82,3 +82,26 @@ def test_rows_under_a_file_uri(tmp_path):
     assert (tmp_path / "sw" / "rows" / "a.parquet").is_file()
     assert finished_trial_ids(folder) == {"a"}
     assert list(read_results(f"file://{tmp_path}/sw")["trial_id"]) == ["a"]
+
+
+def test_a_damaged_file_another_reader_sets_aside_meanwhile_fails_no_read(tmp_path, monkeypatch):
+    import pyarrow.parquet as pq
+
+    import trialrows.read as read
+    from trialrows.schema import rows_table
+
+    rows = tmp_path / "sw" / "rows"
+    rows.mkdir(parents=True)
+    pq.write_table(rows_table([{"trial_id": "good", "status": "ok"}]), rows / "good.parquet")
+    (rows / "bad.parquet").write_bytes(b"cut short")
+    probe = read._unreadable
+
+    def other_reader_first(fs, path):
+        # A second reader (`sweep status` beside the sweep) met the same file and set it aside first.
+        if (rows / "bad.parquet").exists():
+            read.quarantine_file(fs, str(rows / "bad.parquet"), "cut short", "rows")
+        return probe(fs, path)
+
+    monkeypatch.setattr(read, "_unreadable", other_reader_first)
+    assert list(read_results(tmp_path)["trial_id"]) == ["good"]
+    assert (tmp_path / "sw" / "quarantine" / "rows-bad.parquet").is_file()

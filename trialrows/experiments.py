@@ -97,6 +97,12 @@ def register(experiment: Experiment) -> Experiment:
         if known is not None and known != option and not _same_setting(known, option):
             raise ValueError(f"experiment '{experiment.name}': option {option.flag} is declared differently by "
                              "another experiment; declare it once and share it")
+    new = [column for column, _ in experiment.view.new_columns]
+    for column in dict.fromkeys(c for c in new if new.count(c) > 1):
+        # The schema would hold the name twice, and no file could then be read with it: every row file of
+        # every store would be set aside as unreadable.
+        raise ValueError(f"experiment '{experiment.name}': row column '{column}' is declared twice in its "
+                         "new_columns; declare it once")
     for column, _ in experiment.view.new_columns:
         if column in COLUMN_OWNERS:
             raise ValueError(f"experiment '{experiment.name}': row column '{column}' is already declared by "

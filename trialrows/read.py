@@ -87,9 +87,13 @@ def read_files(fs: pyarrow.fs.FileSystem, files: list[str], columns: list[str] |
         return _read_files(fs, files, columns)
     except FileNotFoundError:
         raise  # a file a compaction merged and deleted meanwhile: the caller lists again
-    except (pa.ArrowException, OSError, ValueError):  # ValueError: a damaged name, not UTF-8, decoded by pyarrow
+    except (pa.ArrowException, OSError, ValueError) as err:  # ValueError: a damaged name, not UTF-8, decoded by pyarrow
         damaged = [f for f in files if _unreadable(fs, f)]
         if not damaged:
+            gone = [f for f in files if fs.get_file_info(f).type == pyarrow.fs.FileType.NotFound]
+            if gone:
+                # What failed has gone since (another reader set it aside, a compaction merged it): list again.
+                raise FileNotFoundError(f"{gone[0]} was moved while it was read") from err
             raise
         for path in damaged:
             quarantine(fs, path)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from trialrows.declare import arrow_type
-from trialrows.experiments import NEW_COLUMNS
+from trialrows.experiments import COLUMN_OWNERS, NEW_COLUMNS
 from trialrows.recipe import RECIPE, Recipe
 
 SETTING, REPLICATE, RESULT = "setting", "replicate", "result"
@@ -172,10 +172,15 @@ COLUMNS: tuple[tuple[str, pa.DataType, str], ...] = (
 _BASE = {name for name, _, _ in COLUMNS}
 for _name, _ in NEW_COLUMNS:  # an experiment may not declare a column again at another type
     if _name in _BASE:
-        raise ValueError(f"row column '{_name}' is declared by trialrows.schema already; an experiment writes it "
-                         "without declaring it")
+        raise ValueError(f"row column '{_name}' is declared by trialrows.schema already; experiment "
+                         f"'{COLUMN_OWNERS.get(_name, '?')}' declares it again: write it without declaring it")
 # The columns of experiments added since, each declared in its own trialrows.experiments entry.
 COLUMNS += tuple((name, pa.type_for_alias(kind), SETTING) for name, kind in NEW_COLUMNS)
+# A name held twice (a column listed twice above, a recipe field named like a column) makes a schema no file can
+# be read with: every row file of a store would be set aside as damaged.
+_NAMES = [name for name, _, _ in COLUMNS]
+for _name in dict.fromkeys(n for n in _NAMES if _NAMES.count(n) > 1):
+    raise ValueError(f"row column '{_name}' is declared twice in trialrows.schema; declare it once")
 SCHEMA = pa.schema([pa.field(name, kind) for name, kind, _ in COLUMNS])
 ROLES = {name: role for name, _, role in COLUMNS}
 
