@@ -105,3 +105,71 @@ def test_a_damaged_file_another_reader_sets_aside_meanwhile_fails_no_read(tmp_pa
     monkeypatch.setattr(read, "_unreadable", other_reader_first)
     assert list(read_results(tmp_path)["trial_id"]) == ["good"]
     assert (tmp_path / "sw" / "quarantine" / "rows-bad.parquet").is_file()
+
+
+def test_a_row_file_this_reader_may_not_open_is_not_set_aside_as_damaged(tmp_path):
+    # Any OSError counted as damage: a good row another user's permissions (or a bucket's network) kept from this
+    # reader was moved to quarantine/, and a rerun would train its finished trial again. Root ignores file modes
+    # here, so a filesystem denies the one file as a shared store's permissions would.
+    import pyarrow.parquet as pq
+
+    from trialrows.read import read_files
+    from trialrows.schema import rows_table
+
+    rows = tmp_path / "sw" / "rows"
+    rows.mkdir(parents=True)
+    for name in ("good", "theirs"):
+        pq.write_table(rows_table([{"trial_id": name, "status": "ok"}]), rows / f"{name}.parquet")
+    local = pyarrow.fs.LocalFileSystem()
+
+    class Denying(pyarrow.fs.FileSystemHandler):
+        def __eq__(self, other):
+            return isinstance(other, Denying)
+
+        def __ne__(self, other):
+            return not self == other
+
+        def get_type_name(self):
+            return "denying"
+
+        def normalize_path(self, path):
+            return path
+
+        def get_file_info(self, paths):
+            return local.get_file_info(paths)
+
+        def get_file_info_selector(self, selector):
+            return local.get_file_info(selector)
+
+        def open_input_file(self, path):
+            if path.endswith("theirs.parquet"):
+                raise PermissionError(f"[Errno 13] Permission denied: '{path}'")
+            return local.open_input_file(path)
+
+        open_input_stream = open_input_file
+
+        def create_dir(self, path, recursive):
+            local.create_dir(path, recursive=recursive)
+
+        def move(self, src, dest):
+            local.move(src, dest)
+
+        def delete_dir_contents(self, path, missing_dir_ok=False):
+            local.delete_dir_contents(path, missing_dir_ok=missing_dir_ok)
+
+        def open_output_stream(self, path, metadata):
+            return local.open_output_stream(path, metadata=metadata)
+
+        def open_append_stream(self, path, metadata):
+            return local.open_append_stream(path, metadata=metadata)
+
+        def delete_root_dir_contents(self):
+            raise PermissionError("not here")
+
+        copy_file, delete_dir, delete_file = (lambda self, *a, n=n: getattr(local, n)(*a)
+                                              for n in ("copy_file", "delete_dir", "delete_file"))
+
+    fs = pyarrow.fs.PyFileSystem(Denying())
+    with pytest.raises(PermissionError, match="theirs.parquet"):
+        read_files(fs, sorted(str(p) for p in rows.iterdir()))
+    assert (rows / "theirs.parquet").is_file() and not (tmp_path / "sw" / "quarantine").exists()

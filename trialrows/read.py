@@ -123,8 +123,18 @@ def _unreadable(fs: pyarrow.fs.FileSystem, path: str) -> str | None:
     except FileNotFoundError:
         return None  # gone, not damaged
     except (pa.ArrowException, OSError, ValueError) as err:
+        if isinstance(err, OSError):
+            _bytes_reachable(fs, path)  # raises when this reader cannot read the bytes at all
         return f"{type(err).__name__}: {err}"
     return None
+
+
+def _bytes_reachable(fs: pyarrow.fs.FileSystem, path: str) -> None:
+    """Raise the error of reading the file's bytes, if any: a file this reader may not open (another user's, on
+    shared storage) or cannot reach now (a bucket's network) is no damaged one, and setting it aside would make
+    a rerun train its finished trial again. Bytes that read but do not parse are the file's own damage."""
+    with fs.open_input_file(path) as handle:
+        handle.read()
 
 
 def quarantine(fs: pyarrow.fs.FileSystem, path: str) -> str:
