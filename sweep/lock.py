@@ -5,11 +5,16 @@ holds it and waits until it is done, then plans from the rows it finds: it runs 
 and no trial trains twice. The holder rewrites the file every `HEARTBEAT` seconds; a lock whose holder is
 gone (a dead process of this host and PID namespace, or no heartbeat for `STALE` seconds from any other: a
 container sharing the host's name numbers its processes anew) is taken over, with one line saying so, so a
-killed driver never blocks its own `--resume`.
+killed driver never blocks its own `--resume`. Another host's heartbeat is stamped by its own clock, which may
+run minutes apart from this one's, so its lock is gone only once it has stayed unchanged for `STALE` seconds
+as this command watched it.
 
 On a local or network file system the lock file is created exclusively (atomic); an object store has no
 create-if-absent, so there a writer uploads its claim and reads it back before going on (two claims in the
-same second can still both win; the store refuses a second row of a finished trial all the same).
+same second can still both win; the store refuses a second row of a finished trial all the same). Taking over
+a gone holder's lock is one command at a time (an flock beside the lock, on a local or network file system),
+and removes the lock only if it is still the one judged gone: two commands that both found it gone otherwise
+both took it, the second deleting the first's fresh claim.
 """
 from __future__ import annotations
 
@@ -24,6 +29,11 @@ import uuid
 
 import pyarrow.fs
 
+try:
+    import fcntl
+except ImportError:  # not POSIX
+    fcntl = None
+
 from sweep.store import OBJECT_STORES, filesystem
 
 LOCK = "LOCK"
@@ -32,18 +42,19 @@ STALE = 120.0  # seconds without a heartbeat after which a holder on another hos
 
 
 @contextlib.contextmanager
-def sweep_lock(sweep: str, command: str, poll: float = 2.0, clock=time.time):
-    """Hold the sweep's lock for the body of the `with`, waiting (and saying so) while another command holds it."""
+def sweep_lock(sweep: str, command: str, poll: float = 2.0, clock=time.time, watch=time.monotonic):
+    """Hold the sweep's lock for the body of the `with`, waiting (and saying so) while another command holds it.
+    `clock` stamps heartbeats and judges this host's; `watch` times how long another host's lock stays unchanged."""
     fs, folder = filesystem(sweep)
     path = f"{folder}/{LOCK}"
     made = _missing_folders(fs, folder)  # removed again if left empty: a refused command leaves no trace
     claim = {"host": platform.node(), "pid": os.getpid(), "pid_namespace": pid_namespace(), "command": command,
              "token": uuid.uuid4().hex,
              "started_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-    announced = False
+    announced, watched = False, {}
     try:
         while not _claim(fs, folder, path, {**claim, "heartbeat": clock()}):
-            announced = _wait_for(fs, path, announced, poll, clock)
+            announced = _wait_for(fs, path, announced, poll, clock, watched, watch)
     except BaseException:
         _remove_empty(made)
         raise
@@ -61,30 +72,64 @@ def sweep_lock(sweep: str, command: str, poll: float = 2.0, clock=time.time):
         _remove_empty(made)
 
 
-def _wait_for(fs, path: str, announced: bool, poll: float, clock) -> bool:
+def _wait_for(fs, path: str, announced: bool, poll: float, clock, watched: dict, watch) -> bool:
     """One look at the lock held by another command: take it over if its holder is gone, else wait a moment
-    (saying so once). Returns whether the wait has been announced."""
+    (saying so once). `watched` keeps another host's lock as last seen, and since when. Returns whether the
+    wait has been announced."""
     holder = read_lock(fs, path)
     if holder is None:
         return announced  # released (or unreadable and removed) in between: try again at once
-    gone = why_gone(holder, clock())
+    gone = _gone(holder, clock(), watched, watch)
     if gone:
-        print(f"taking over the sweep's lock {path} from `{holder.get('command')}` on {holder.get('host')} "
-              f"(pid {holder.get('pid')}): {gone}", flush=True)
-        try:
-            fs.delete_file(path)
-        except FileNotFoundError:
-            pass
-        except OSError as err:  # left in place it would be taken over again and again, without a pause
-            raise OSError(f"the lock {path} of a holder that is gone cannot be removed ({err}); remove it by "
-                          "hand") from None
+        with _one_taker(fs, path):
+            if read_lock(fs, path) != holder:
+                return announced  # taken over or renewed since it was judged: look again
+            print(f"taking over the sweep's lock {path} from `{holder.get('command')}` on {holder.get('host')} "
+                  f"(pid {holder.get('pid')}): {gone}", flush=True)
+            try:
+                fs.delete_file(path)
+            except FileNotFoundError:
+                pass
+            except OSError as err:  # left in place it would be taken over again and again, without a pause
+                raise OSError(f"the lock {path} of a holder that is gone cannot be removed ({err}); remove it by "
+                              "hand") from None
         return announced
     if not announced:
         print(f"waiting: `{holder.get('command')}` on {holder.get('host')} (pid {holder.get('pid')}, since "
               f"{holder.get('started_at')}) is writing this sweep ({path}); this command plans and runs what is "
-              "left once it ends (Ctrl-C to stop waiting)", flush=True)
+              f"left once it ends, or once its lock goes {STALE:.0f} s unrenewed (Ctrl-C to stop waiting)",
+              flush=True)
     time.sleep(poll)
     return True
+
+
+def _gone(holder: dict, now: float, watched: dict, watch) -> str | None:
+    """Why the lock's holder no longer writes the sweep, judged by this command as it waits (None: it may)."""
+    if holder.get("host") == platform.node():  # this host's clock stamped its heartbeat
+        return why_gone(holder, now)
+    # Another host's (or an unreadable lock's) time is not this one's: only a lock that stops changing is gone.
+    seen = json.dumps(holder, sort_keys=True, default=str)
+    if watched.get("seen") != seen:
+        watched.update(seen=seen, since=watch())
+        return None
+    unchanged = watch() - watched["since"]
+    return f"it has not renewed the lock for {unchanged:.0f} s" if unchanged > STALE else None
+
+
+@contextlib.contextmanager
+def _one_taker(fs, path: str):
+    """One command at a time takes over a lock (an flock the kernel drops with its process, so a killed taker
+    leaves none). The guard file stays: removing it would let a command lock a file the next one no longer
+    opens. An object store has no such lock: there the look again just before the removal is all there is."""
+    if not isinstance(fs, pyarrow.fs.LocalFileSystem) or fcntl is None:
+        yield
+        return
+    with open(f"{path}.takeover", "a") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(guard, fcntl.LOCK_UN)
 
 
 def _remove_empty(folders: list[str]) -> None:

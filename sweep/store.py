@@ -4,9 +4,11 @@
 A file appears whole or not at all, so a crash, a second sweep writing into the same folder, or an analysis
 reading mid-sweep never meets half a file. A final row (`ok`, `diverged`, `pruned`) is never replaced: a
 later row of the same trial_id is dropped (`write_row` returns None), so no resume, retry or second writer
-can overwrite a finished result; only an `error` row is replaced, by the trial's next attempt. On a local or network file system a file is written aside
-under a hidden name, then renamed; on an object store (s3://, gs://) one upload is already all-or-nothing,
-so it goes straight to its key. Every file has the declared row schema (`trialrows.schema`).
+can overwrite a finished result; only an `error` row is replaced, by the trial's next attempt (a file that
+cannot be read is set aside into quarantine/, as readers set it aside, not written over). On a local or
+network file system a file is written aside under a hidden name, then renamed; on an object store (s3://,
+gs://) one upload is already all-or-nothing, so it goes straight to its key. Every file has the declared
+row schema (`trialrows.schema`).
 
 Compaction never loses a row: a part file is complete before any file it holds is deleted, and a file is
 deleted only if it is still the one that was read (a trial rewritten meanwhile keeps its new file). A crash
@@ -33,7 +35,7 @@ import pyarrow.fs
 import pyarrow.parquet as pq
 
 from trainables.rows import FINAL
-from trialrows.read import FINISHED, read_files, read_results
+from trialrows.read import FINISHED, quarantine_file, read_files, read_results
 from trialrows.schema import rows_table
 
 OBJECT_STORES = ("s3", "gcs")  # pyarrow.fs type names whose uploads appear whole or not at all
@@ -84,7 +86,11 @@ def write_row(folder: Path | str, row: dict) -> Path | str | None:
     held = held_status(fs, f"{path}/{name}")
     if held in FINAL:
         return None
-    where = put_file(folder, name, rows_table([row]), replace=held is not None)
+    if held is not None and held != "error":
+        # A failed read is no proof of damage (a network blip, too many open files): the file is set aside, as
+        # readers set a damaged one aside, never written over, so a finished row it may hold is kept.
+        quarantine_file(fs, f"{path}/{name}", held, "rows")
+    where = put_file(folder, name, rows_table([row]), replace=held == "error")
     if where is None:  # another writer landed this trial between the look and the write: its row stands
         return None
     if len(_listing(fs, path)[0]) >= COMPACT_AT:
@@ -98,14 +104,14 @@ def write_row(folder: Path | str, row: dict) -> Path | str | None:
 
 
 def held_status(fs, path: str) -> str | None:
-    """The status of the row in the file at `path`; None when there is no file, "error" when it cannot be
-    read (a damaged file is no final row)."""
+    """The status of the row in the file at `path` ("error" for any that is not final); None when there is no
+    file; why it cannot be read, when it cannot."""
     if fs.get_file_info(path).type != pyarrow.fs.FileType.File:
         return None
     try:
         status = pq.read_table(path, columns=["status"], filesystem=fs)["status"].to_pylist()
-    except (OSError, pa.ArrowException, ValueError):  # ValueError: a damaged name, not UTF-8
-        return "error"
+    except (OSError, pa.ArrowException, ValueError) as err:  # ValueError: a damaged name, not UTF-8
+        return f"{type(err).__name__}: {err}"
     return status[0] if status and status[0] in FINAL else "error"
 
 

@@ -5,6 +5,7 @@ holder of the lock in another container of this host keeps it."""
 from __future__ import annotations
 
 import errno
+import itertools
 import json
 import platform
 import re
@@ -115,9 +116,11 @@ def test_a_live_holder_in_another_pid_namespace_of_this_host_keeps_the_lock(tmp_
         assert json.loads(Path(path).read_text())["pid_namespace"] == lock.pid_namespace()
 
 
-def test_a_lock_holding_json_that_is_no_claim_goes_stale_like_garbage(tmp_path):
+def test_a_lock_holding_json_that_is_no_claim_goes_stale_like_garbage(tmp_path, monkeypatch):
     # `null` or a list parsed, read as "no lock", and the claim then failed at once, again and again: a spin.
     from sweep import lock
+
+    monkeypatch.setattr(lock, "STALE", 0.2)  # an unknown writer's lock: gone once it stays unchanged that long
 
     folder = tmp_path / "sweep"
     folder.mkdir()
@@ -125,8 +128,7 @@ def test_a_lock_holding_json_that_is_no_claim_goes_stale_like_garbage(tmp_path):
     fs = pyarrow.fs.LocalFileSystem()
     holder = lock.read_lock(fs, str(folder / lock.LOCK))
     assert holder is not None and holder["command"] == "an unknown command"
-    later = time.time() + lock.STALE + 1
-    with lock.sweep_lock(str(folder), "python -m sweep incremental", poll=0.01, clock=lambda: later) as path:
+    with lock.sweep_lock(str(folder), "python -m sweep incremental", poll=0.01) as path:
         assert json.loads(Path(path).read_text())["command"] == "python -m sweep incremental"
 
 
@@ -185,7 +187,7 @@ def test_a_trial_whose_row_another_writer_landed_first_counts_as_ended(tmp_path)
         def __init__(self):
             self.ended = {}
 
-        def end(self, trial_id, status, metric):
+        def end(self, trial_id, status, metric, line=None):
             self.ended[trial_id] = status
 
     folder = tmp_path / "rows"
@@ -204,3 +206,105 @@ def test_a_sweep_that_could_write_no_row_ends_with_its_count_not_a_traceback(tmp
     rows, code = report(tmp_path / "never-made" / "rows", {"a", "b"})
     assert code == 1 and rows.empty
     assert "(0 of 2 trials" in capsys.readouterr().out
+
+
+def test_two_commands_taking_over_one_gone_holders_lock_never_both_hold_it(tmp_path, monkeypatch):
+    # Both judged the dead holder's lock gone; the first took it over and claimed it, and the second then deleted
+    # that fresh claim (it deleted whatever lock was there) and claimed its own: two writers of one sweep.
+    from sweep import lock
+
+    folder = tmp_path / "sweep"
+    folder.mkdir()
+    gone = {"host": platform.node(), "pid": 2 ** 22 - 7, "pid_namespace": lock.pid_namespace(), "command": "old",
+            "token": "dead", "heartbeat": time.time()}
+    (folder / lock.LOCK).write_text(json.dumps(gone))
+    real, inside, first_in, leave = lock.why_gone, [], threading.Event(), threading.Event()
+
+    def hold(name):
+        with lock.sweep_lock(str(folder), name, poll=0.01):
+            inside.append(name)
+            first_in.set()
+            leave.wait(10)
+            inside.remove(name)
+
+    first = threading.Thread(target=hold, args=("first",), daemon=True)
+
+    def why_gone(holder, now):  # the second command has judged the lock gone: the first overtakes it right then
+        if threading.current_thread().name == "second" and not first.is_alive() and not first_in.is_set():
+            first.start()
+            first_in.wait(10)
+        return real(holder, now)
+
+    monkeypatch.setattr(lock, "why_gone", why_gone)
+    seen = []
+
+    def second():
+        with lock.sweep_lock(str(folder), "second", poll=0.01):
+            seen.append(list(inside))
+
+    waiting = threading.Thread(target=second, name="second", daemon=True)
+    waiting.start()
+    time.sleep(0.5)
+    assert seen == [], f"the second command took the lock while {seen} held it"
+    leave.set()
+    waiting.join(10)
+    first.join(10)
+    assert seen == [[]], "it took the lock once the first had let it go"
+
+
+def test_a_live_holder_on_a_host_whose_clock_lags_keeps_the_lock(tmp_path, monkeypatch):
+    # Another host's heartbeat is its own clock's: one running minutes behind looked stale at once, and its lock
+    # was taken from it while it wrote. What shows a holder gone is a lock that stops changing.
+    from sweep import lock
+
+    monkeypatch.setattr(lock, "STALE", 0.4)
+    folder = tmp_path / "sweep"
+    folder.mkdir()
+    beating = threading.Event()
+    beating.set()
+
+    def holder():  # renews the lock every 0.05 s, its clock ten minutes behind
+        for beat in itertools.count():
+            if not beating.is_set():
+                return
+            claim = {"host": "another-host", "pid": 1, "command": "held", "token": "t", "heartbeat": time.time() - 600,
+                     "beat": beat}
+            lock._write_local(str(folder / lock.LOCK), claim, replace=True)
+            time.sleep(0.05)
+
+    renewing = threading.Thread(target=holder, daemon=True)
+    renewing.start()
+    got = []
+
+    def take():
+        with lock.sweep_lock(str(folder), "python -m sweep incremental", poll=0.01):
+            got.append(time.monotonic())
+
+    waiting = threading.Thread(target=take, daemon=True)
+    waiting.start()
+    time.sleep(1.0)
+    assert got == [], "the live holder's lock was taken over"
+    stopped = time.monotonic()
+    beating.clear()
+    renewing.join()
+    waiting.join(10)
+    # Its last beat came at most 0.05 s before it stopped.
+    assert got and got[0] - stopped >= lock.STALE - 0.1, "taken over once it stopped changing for STALE seconds"
+
+
+def test_a_final_row_whose_read_fails_once_is_set_aside_never_overwritten(tmp_path, monkeypatch):
+    # One failed read of the landed row (a network blip on an object store, too many open files) counted it as a
+    # damaged file, and the trial's next row was written over it: the finished result was gone.
+    folder = tmp_path / "sweep" / "rows"
+    write_row(folder, row("t", dev_metric=0.9))
+    real, failures = pq.read_table, [OSError(errno.EIO, "Input/output error")]
+
+    def read_once_failing(*args, **kwargs):
+        if failures:
+            raise failures.pop()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(store.pq, "read_table", read_once_failing)
+    write_row(folder, row("t", dev_metric=0.1))
+    kept = [pq.read_table(p)["dev_metric"][0].as_py() for p in (tmp_path / "sweep").rglob("*.parquet")]
+    assert 0.9 in kept, "the finished row is still in the store, if only set aside"
