@@ -173,3 +173,17 @@ def test_a_row_file_this_reader_may_not_open_is_not_set_aside_as_damaged(tmp_pat
     with pytest.raises(PermissionError, match="theirs.parquet"):
         read_files(fs, sorted(str(p) for p in rows.iterdir()))
     assert (rows / "theirs.parquet").is_file() and not (tmp_path / "sw" / "quarantine").exists()
+
+
+def test_a_file_set_aside_twice_keeps_both_copies(tmp_path):
+    # The second move to quarantine/rows-<name> replaced the first copy: a row set aside before was lost.
+    from trialrows.read import quarantine_file
+
+    rows = tmp_path / "sw" / "rows"
+    rows.mkdir(parents=True)
+    fs = pyarrow.fs.LocalFileSystem()
+    for text in (b"first", b"second"):
+        (rows / "t.parquet").write_bytes(text)
+        quarantine_file(fs, str(rows / "t.parquet"), "cut short", "rows")
+    kept = sorted(p.read_bytes() for p in (tmp_path / "sw" / "quarantine").iterdir())
+    assert kept == [b"first", b"second"]

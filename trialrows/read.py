@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -149,6 +150,9 @@ def quarantine_file(fs: pyarrow.fs.FileSystem, path: str, why: str, what: str = 
     target = f"{os.path.dirname(folder)}/{QUARANTINE}/{os.path.basename(folder)}-{name}"
     try:
         fs.create_dir(os.path.dirname(target))
+        if fs.get_file_info(target).type != pyarrow.fs.FileType.NotFound:  # one set aside before: both are kept
+            stem, ext = os.path.splitext(target)
+            target = f"{stem}-{uuid.uuid4().hex[:8]}{ext}"
         fs.move(path, target)
     except OSError as err:
         print(f"cannot read {path} as {what} ({why.splitlines()[0]}); left out of this read (moving it aside failed: "
