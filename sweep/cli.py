@@ -368,7 +368,8 @@ def buildable(model: str, sweep: Sweep):
     classifier = build_classifier(pretrained, num_labels=2, seed=0)
     if pooler(classifier) is not None and pretrained_pooler(classifier) is None:
         grid = sweep.grid
-        reads = sorted(set(grid.probes) - {"mean-pool"}) if sweep.experiment == "probing" else []
+        probing = any(option.name == "probes" for option in EXPERIMENTS[sweep.experiment].options)
+        reads = sorted(set(grid.probes) - {"mean-pool"}) if probing else []
         if reads:
             raise Refused([f"--probes: {', '.join(reads)} read the pretrained pooler, and '{model}' was saved "
                            "without one (its classifier draws it fresh); allowed for it: mean-pool"])
