@@ -547,14 +547,15 @@ def sequential_table(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def sequential_matrix(rows: pd.DataFrame) -> pd.DataFrame:
-    """The task x task matrix of sequential finetuning: rows are final tasks, columns intermediate tasks,
-    cells mean dev metric (the diagonal: direct finetuning); one block of rows per model and size."""
+    """The task x task matrix of sequential finetuning: rows are final tasks (with the metric each row's cells
+    are in: a final task's own, MCC for CoLA), columns intermediate tasks, cells mean dev metric (the diagonal:
+    direct finetuning); one block of rows per model and size."""
     table = sequential_table(rows)
     if table.empty:
         return pd.DataFrame()
     # one block of rows per model, size and any setting that splits the rows (sequential_table's cells)
-    index = [c for c in table.columns if c not in (*SUMMARY_COLUMNS, "intermediate_task", "metric_name", "direct",
-                                                   "delta")]  # model, train_size, final_task, then the settings
+    index = [c for c in table.columns if c not in (*SUMMARY_COLUMNS, "intermediate_task", "direct", "delta")]
+    index.insert(index.index("final_task") + 1, index.pop(index.index("metric_name")))  # model, size, task, metric
     # the cells that ran only: a pivot's product of sizes and tasks adds blank rows where sizes differ by task
     # (--fractions) or by model, or a cell was skipped
     matrix = table.groupby([*index, "intermediate_task"], dropna=False, sort=False)["mean"].first().unstack(

@@ -324,3 +324,17 @@ def test_table_1_spearman_p_of_a_few_permutations_is_the_exact_one_not_zero():
     assert got["pearson_p"] == pytest.approx(stats.pearsonr(x, y).pvalue)  # exact under normality already
     assert "exact" in got["note"]
     assert readable_correlations(T.permutation_correlations(rows)).iloc[0]["Spearman (p)"] == "1.00 (0.08)"
+
+
+def test_the_sequential_matrix_names_the_metric_of_each_final_tasks_row():
+    # Each row's cells are in its final task's own metric (MCC for CoLA): the matrix did not say which.
+    from analysis.format import matrix_readable
+
+    rows = prepare(pd.DataFrame([
+        row(f"{task}-{via}-{t}", experiment="sequential", k=None, reinit_mode=None, t=t, task=task,
+            metric_name=metric, intermediate_task=None if via == task else via, value=0.5 + 0.01 * t)
+        for task, metric in (("cola", "matthews_correlation"), ("sst2", "accuracy")) for via in ("cola", "sst2")
+        for t in range(2)]))
+    readable = matrix_readable(T.sequential_matrix(rows))
+    assert dict(zip(readable["final \\ intermediate"], readable["metric_name"])) == {
+        "cola": "matthews_correlation", "sst2": "accuracy"}
