@@ -22,7 +22,7 @@ import pyarrow.fs
 from sweep.estimate import remaining_line
 from sweep.lock import LOCK, read_lock, why_gone
 from sweep.store import filesystem, join, location, rows_dir, sweep_dir
-from trialrows.precision import PILOT, precision_table
+from trialrows.precision import PILOT, precision_outcomes
 from trialrows.read import QUARANTINE, quarantine_file
 
 PLANS = "plans"
@@ -217,7 +217,7 @@ def precision_lines(trials: pd.DataFrame, stored: pd.DataFrame) -> list[str]:
     results = [c for c in ("dev_metric", "finished_at") if c in stored.columns]
     frame = trials.drop(columns=["state", *[c for c in results if c in trials.columns]])
     frame = frame.merge(stored[["trial_id", *results]].drop_duplicates("trial_id"), on="trial_id", how="left")
-    table = precision_table(frame)
+    table, line = precision_outcomes(frame)
     keep = [c for c in cell_columns(trials) if c in table.columns]
     shown = table[[*keep, "target_on", "target_ci", "needed", "trials", "half_width", "state", "note"]]
     lines = ["precision targets (Stein's two-stage procedure; needed: N from each pilot's spread, once it is in):",
@@ -227,6 +227,17 @@ def precision_lines(trials: pd.DataFrame, stored: pd.DataFrame) -> list[str]:
         most = int((piloting["max_trials"] - piloting["pilot_trials"]).sum())
         lines.append(f"stage 2 of {len(piloting)} conditions is planned once their pilots are in: at most {most} "
                      "more trials, not counted below")
+    # A grid is recorded for the pilot, and for stage 2 only once every pilot has run: while the pilot runs (or
+    # after it was cut short) a condition whose pilot is in needs indices n0..N-1 that no recorded grid lists.
+    unlisted = {}
+    for position, needed in table["needed"].items():
+        if table.at[position, "state"] != PILOT and not pd.isna(needed):
+            listed = set(frame.loc[line == position, "trial_index"].astype(int))
+            unlisted[position] = len(set(range(int(needed))) - listed)
+    if sum(unlisted.values()):
+        lines.append(f"stage 2 of {sum(n > 0 for n in unlisted.values())} conditions whose pilots are in: "
+                     f"{sum(unlisted.values())} more trials, not yet in a recorded grid (a rerun runs them; not "
+                     "counted below)")
     return lines
 
 

@@ -338,3 +338,23 @@ def test_a_stein_conditions_spread_columns_are_of_its_n_values_not_of_rows_past_
     assert summary["n"] == 5 and summary["mean"] == pytest.approx(np.mean(first))
     assert summary["std"] == pytest.approx(np.std(first, ddof=1))
     assert summary["mean_plus_2std"] == pytest.approx(np.mean(first) + 2 * np.std(first, ddof=1))
+
+
+def test_status_during_the_pilot_counts_the_stage_two_trials_a_finished_pilot_asks_for(tmp_path):
+    # While the pilot runs (or after it was cut short), the recorded grid holds the pilot alone: a condition whose
+    # pilot is in needs N - n0 more trials that no grid lists yet, and status must not say nothing is left.
+    from sweep.status import record_plan, status
+    from sweep.store import rows_dir, sweep_dir, write_row
+    from trialrows.read import FINISHED
+
+    target = Target(0.02, pilot=3, max_trials=8)
+    specs = grid(k=(0, 4), target=target)
+    record_plan(sweep_dir(str(tmp_path), "p"), ["incremental"], "incremental",
+                [s.row() for s in specs if s.trial_index < 3], FINISHED)
+    pilot = [0.70, 0.71, 0.72]
+    needed = max(3, math.ceil((stats.t.ppf(0.975, 2) * np.std(pilot, ddof=1) / 0.02) ** 2))  # 5
+    for row in stored(specs, {(0, i): v for i, v in enumerate(pilot)} | {(4, 0): 0.8}).to_dict("records"):
+        write_row(rows_dir(str(tmp_path), "p"), row)
+    text = status(str(tmp_path), "p")
+    assert f"{needed - 3} more trials" in text and "not yet in a recorded grid" in text
+    assert "remaining: nothing planned is left to run" not in text
