@@ -37,3 +37,31 @@ def test_a_pack_killed_mid_run_resumes_from_its_checkpoint_to_the_same_numbers(t
         assert list(row["dev_metrics_by_epoch"]) == clean[trial_id]["dev_metrics_by_epoch"]
         assert row["train_loss"] == clean[trial_id]["train_loss"]
         assert list(row["weight_distance"]) == clean[trial_id]["weight_distance"]
+
+
+def test_a_pack_resumed_from_the_checkpoint_of_a_members_divergence_reports_that_member_again(
+        pretrained, synthetic, tmp_path):
+    """A checkpoint is written just before the report that carries a diverged member's row: a driver lost between
+    the two leaves the row unlanded, and `--resume` (the same members: the same pack) goes on from that checkpoint.
+    The member reports no more after it diverged, so its row must come from the resumed call's first report, as a
+    finished member's does; else the sweep gives it an error row, "ended without a final report"."""
+    from tests.test_fused import LAYERS, trial
+    from trainables.ablations import Reinit
+    from trainables.state import load_state, save_state
+
+    calm, wild = (trial(seed, Reinit.incremental(2, LAYERS), epochs=2, **extra)
+                  for seed, extra in ((0, {}), (11, {"lr": float("inf")})))
+    saved = []
+
+    def save(state):
+        saved.append(tmp_path / f"state{len(saved)}")
+        save_state(saved[-1], state)
+
+    clean = finetune_pack([calm, wild], synthetic, pretrained, save=save, pack_id="p")
+    assert clean[1]["status"] == "diverged" and clean[1]["epoch"] == 1 and len(saved) == 1
+    reports = []
+    resumed = finetune_pack([calm, wild], synthetic, pretrained, report=reports.append,
+                            resume=load_state(saved[0]))
+    assert [r[1] for r in reports if 1 in r] == [resumed[1]], "the diverged member's result is reported once"
+    assert resumed[1]["status"] == "diverged" and resumed[1]["train_loss"] != resumed[1]["train_loss"]  # nan
+    assert resumed[0]["train_loss"] == clean[0]["train_loss"]

@@ -1883,8 +1883,9 @@ def finetune_pack(cfgs: list[FinetuneConfig], data: TokenizedTask, pretrained: P
     size, so rows add up to the machine time.
 
     `save`, if given, receives at every epoch end but the last, just before `report`, the pack's state, from
-    which `resume=` goes on to the same numbers. `device_size`: the trials that train at once (default all); the
-    rest wait their turn, each group set up in the background while the one before trains. An out-of-memory
+    which `resume=` goes on to the same numbers (its first report holds again every member that had ended,
+    finished or diverged). `device_size`: the trials that train at once (default all); the rest wait their turn,
+    each group set up in the background while the one before trains. An out-of-memory
     error splits the group training in two halves that go on one after the other from the step it stopped at.
     Whatever the grouping, each trial's numbers are the ones it would have had alone. `planned`, if given, gets
     the groups (trial indices, in the order they train) once they are sized, before any trains."""
@@ -1908,8 +1909,11 @@ def finetune_pack(cfgs: list[FinetuneConfig], data: TokenizedTask, pretrained: P
         finished = {int(i): result for i, result in resume.get("finished", {}).items()}
         for i, result in finished.items():
             results[i] = result
-        if finished and report is not None:  # their rows come from the last report: it must hold them again
-            report(finished)
+        # A member that diverged in a run still going reports no more; its row went out with the checkpoint's own
+        # report, which a driver lost between the two never wrote. So do finished members': report them again.
+        ended = {i: ledger.result for run in runs for i, ledger in zip(run.members, run.ledgers) if not ledger.running}
+        if (finished or ended) and report is not None:
+            report({**finished, **ended})
     else:
         budget = device_budget(device, cfgs[0].gpu_fraction)
         size = device_size or group_size(len(cfgs), budget, parameter_count(pretrained))
