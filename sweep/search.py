@@ -10,7 +10,8 @@ trials early.
   study's first trial is every multiplier at 1: the same cell without the search, its baseline.
 - Each cell's study is one Tune experiment in `<storage>/<name>/searches/<cell id>`. Cells run at the same
   time on the cluster: each Tuner is driven from a Ray task of its own (no CPU, on the driver's node, where
-  the rows are written), and their trials share the cluster's resources.
+  the rows are written), and their trials share the cluster's resources. Within a cell, one trial at a time
+  (`search_options`), so that the same command suggests the same multipliers however fast its trials run.
 - Resume: a rerun rebuilds every unfinished cell's study from the cell's rows (never from Tune's pickled
   experiment state, which anyone who can write to the store could have replaced): each landed trial is asked
   again at its own point and replays its stored figures instead of training (`landed_reports`), so Optuna
@@ -18,6 +19,8 @@ trials early.
   after them. A cell whose budget is spent is not started at all. The rebuilt study's next suggestions come
   from the same history but not the same sampler state, so they may differ from an uninterrupted run's: its
   sampler is seeded from `search_seed` and the landed sample numbers (`sampler_seed`).
+- The study hears a trial ASHA stopped as pruned (at its rung's figure, below every finished trial, as Optuna's
+  own pruners leave it) and a diverged one as failed (`CellSearch`).
 - Rows: one per trial, `<cell id>-s<n>`, n Optuna's trial number (s0 is the baseline); ASHA-stopped trials
   land too, with status `pruned`.
 - Progress: every study's trials on the sweep's one progress line, in the driver (sweep.progress.follow).
@@ -29,7 +32,10 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import math
 from pathlib import Path
+
+from ray.tune.search.optuna import OptunaSearch
 
 from sweep.checks import Refused
 from sweep.grid import TrialSpec
@@ -122,26 +128,55 @@ def sampler_seed(seed: int, landed) -> int:
     return int.from_bytes(hashlib.sha256(json.dumps([seed, drawn]).encode()).digest()[:4], "big")
 
 
+class CellSearch(OptunaSearch):
+    """OptunaSearch that tells the study how each trial ended as Optuna's own pruners would. Ray's would tell a
+    trial ASHA stopped as complete, its rung's figure (an early epoch's) then ranking as a finished trial's
+    objective, and a diverged trial's nan would leave it running in the study (Optuna refuses a complete nan).
+    A module-level class, since Tune pickles the searcher with the experiment."""
+
+    def __init__(self, *args, epochs: int, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.epochs = epochs
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False):
+        value = (result or {}).get(VAL_METRIC)
+        if error or value is None:
+            super().on_trial_complete(trial_id, result, error)
+        elif not math.isfinite(value):  # diverged: a failure, never a result
+            super().on_trial_complete(trial_id, None, error=True)
+        elif result.get("epoch", self.epochs) < self.epochs:  # ASHA stopped it (a replay too, as the run did)
+            # Tune passes a stopping report to on_trial_complete only
+            self.on_trial_result(trial_id, {**result, "training_iteration": result["epoch"]})
+            super().on_trial_complete(trial_id, None)  # no value: pruned, at its last intermediate one
+        else:
+            super().on_trial_complete(trial_id, result, error)
+
+
 def search_options(spec: TrialSpec, num_layers: int, num_samples: int, landed: dict[int, list] | None = None) -> dict:
     """What a cell's Tuner adds to the common set-up (sweep.runner.make_tuner): Optuna's sampler, ASHA, the
     budget. `landed`: the multipliers of the cell's landed trials by sample number; they are asked first (and
     replay their figures), then the baseline if it has not landed, then the sampler's own points."""
     import optuna
     from ray.tune.schedulers import ASHAScheduler
-    from ray.tune.search.optuna import OptunaSearch
+    from ray.tune.search import ConcurrencyLimiter
 
     landed = landed or {}
     space = cell_space(spec, num_layers, tuple(sorted(landed)))
     points = [space.point(landed[n]) for n in space.landed] + ([] if 0 in landed else [space.baseline])
-    searcher = OptunaSearch(
+    searcher = CellSearch(
         space, metric=VAL_METRIC, mode="max", points_to_evaluate=points,
         sampler=optuna.samplers.TPESampler(seed=sampler_seed(spec.seed, landed),
                                            n_startup_trials=startup_trials(num_samples)),
+        epochs=spec.epochs,
     )
     # OptunaSearch uses no Optuna pruner: early stopping is ASHA's, on the same held-out metric, per epoch.
     scheduler = ASHAScheduler(time_attr="epoch", metric=VAL_METRIC, mode="max", max_t=spec.epochs, grace_period=1,
                               reduction_factor=3)
-    return {"search_alg": searcher, "scheduler": scheduler, "num_samples": num_samples}
+    # One trial of a cell at a time, its next asked once it has ended: with two running, which one ends first
+    # (the machine's load) decides what TPE has heard when it is asked, and ASHA's async rungs which is stopped,
+    # so the same command would suggest other multipliers. Cells still run at once and fill the cluster.
+    return {"search_alg": ConcurrencyLimiter(searcher, max_concurrent=1), "scheduler": scheduler,
+            "num_samples": num_samples}
 
 
 class SearchRowWriter(RowWriter):

@@ -273,3 +273,52 @@ def searched_study_uri(cell_folder: str) -> int:
     (run,) = [f.path for f in fs.get_file_info(pyarrow.fs.FileSelector(path)) if f.base_name.startswith("tune-")]
     saved = [f for f in fs.get_file_info(pyarrow.fs.FileSelector(run)) if f.base_name.startswith("experiment_state")]
     return len(json.loads(fs.open_input_stream(saved[-1].path).read())["trial_data"])
+
+
+def test_the_same_search_suggests_the_same_multipliers_whichever_trial_ends_first():
+    from sweep.search import VAL_METRIC, search_options
+
+    settings = GridSettings.of(model="m", tasks=("sst2",), sizes=(100,), trials=((0, 1),), k=(2,))
+    (cell,) = lr_multipliers(settings, 4)
+
+    def suggested(newest_ends_first: bool) -> list[list[float]]:
+        """Tune's loop with room for two trials: it asks while a slot is free, and one running trial ends."""
+        searcher = search_options(cell, 4, 6)["search_alg"]
+        running, asked = {}, []
+        while len(asked) < 6:
+            while len(running) < 2 and len(asked) < 6:
+                config = searcher.suggest(f"t{len(asked)}")
+                if config is None:
+                    break
+                running[f"t{len(asked)}"] = config["trial"]["finetune"]["layer_lr_multipliers"]
+                asked.append(running[f"t{len(asked)}"])
+            ended = list(running)[-1 if newest_ends_first else 0]
+            objective = -float(np.sum(np.log(running.pop(ended)) ** 2))
+            searcher.on_trial_complete(ended, {VAL_METRIC: objective})
+        return asked
+
+    assert suggested(newest_ends_first=False) == suggested(newest_ends_first=True)
+
+
+def test_the_study_learns_an_asha_stopped_trial_as_pruned_and_a_diverged_one_as_failed():
+    from sweep.search import VAL_METRIC, search_options
+
+    settings = GridSettings.of(model="m", tasks=("sst2",), sizes=(100,), trials=((0, 1),), k=(2,), epochs=2)
+    (cell,) = lr_multipliers(settings, 4)
+    searcher = search_options(cell, 4, 6)["search_alg"]
+    endings = {  # what Tune passes: the epoch reports it let through, then the last report
+        "ran": ([0.6], {"epoch": 2, VAL_METRIC: 0.7}),
+        "stopped": ([], {"epoch": 1, VAL_METRIC: 0.9}),  # ASHA's stopping report reaches on_trial_complete only
+        "diverged": ([0.8], {"epoch": 2, VAL_METRIC: float("nan")}),
+    }
+    for trial_id, (reports, last) in endings.items():
+        assert searcher.suggest(trial_id) is not None
+        for epoch, value in enumerate(reports, start=1):
+            searcher.on_trial_result(trial_id, {"epoch": epoch, "training_iteration": epoch, VAL_METRIC: value})
+        searcher.on_trial_complete(trial_id, {**last, "training_iteration": last["epoch"]})
+    study = searcher.searcher._ot_study
+    states = [t.state for t in study.trials]
+    assert states == [optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED,
+                      optuna.trial.TrialState.FAIL]
+    assert study.trials[1].intermediate_values == {1: 0.9} and study.trials[1].value == 0.9, "the rung's figure"
+    assert study.best_value == 0.7, "an epoch-1 figure is not a finished trial's objective"
