@@ -243,11 +243,7 @@ def run_pack(pack: dict, data: dict, pretrained: dict, checkpoint_every: float |
         groups[:] = sized
         group_of.update({i: g for g, group in enumerate(sized) for i in group})
 
-    # Members that have ended: a resumed pack's finished ones, and those that diverged in a group it goes on with
-    # (they report no more).
-    done = {int(i) for i in (resume or {}).get("finished", {})} | {
-        i for run in (resume or {}).get("runs", []) for i, ledger in zip(run["members"], run["ledgers"])
-        if not ledger.get("running", True)}
+    done: set[int] = set()  # members that have ended (a resumed pack's first report holds those of before)
     current = 0  # the group training now: the ones after it wait
 
     def report(epoch_results: dict[int, dict]) -> None:
