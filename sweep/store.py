@@ -35,7 +35,7 @@ import pyarrow.fs
 import pyarrow.parquet as pq
 
 from trainables.rows import FINAL
-from trialrows.read import FINISHED, quarantine_file, read_files, read_results
+from trialrows.read import FINISHED, damage, quarantine_file, read_files, read_results
 from trialrows.schema import rows_table
 
 OBJECT_STORES = ("s3", "gcs")  # pyarrow.fs type names whose uploads appear whole or not at all
@@ -86,9 +86,7 @@ def write_row(folder: Path | str, row: dict) -> Path | str | None:
     held = held_status(fs, f"{path}/{name}")
     if held in FINAL:
         return None
-    if held is not None and held != "error":
-        # A failed read is no proof of damage (a network blip, too many open files): the file is set aside, as
-        # readers set a damaged one aside, never written over, so a finished row it may hold is kept.
+    if held not in (None, "error"):  # damaged: set aside, as readers set it aside, never written over
         quarantine_file(fs, f"{path}/{name}", held, "rows")
     where = put_file(folder, name, rows_table([row]), replace=held == "error")
     if where is None:  # another writer landed this trial between the look and the write: its row stands
@@ -105,13 +103,23 @@ def write_row(folder: Path | str, row: dict) -> Path | str | None:
 
 def held_status(fs, path: str) -> str | None:
     """The status of the row in the file at `path` ("error" for any that is not final); None when there is no
-    file; why it cannot be read, when it cannot."""
+    file; why it is damaged (trialrows.read.damage), when it is. A read that fails for no fault of the file's (a
+    network blip, too many open files) is no damage: `damage` raises what keeps this writer from the bytes, and
+    a file whole after all is read again, so a finished row it holds stands (an error then is raised: the row is
+    not written, and a rerun finds the file as it is)."""
     if fs.get_file_info(path).type != pyarrow.fs.FileType.File:
         return None
     try:
-        status = pq.read_table(path, columns=["status"], filesystem=fs)["status"].to_pylist()
-    except (OSError, pa.ArrowException, ValueError) as err:  # ValueError: a damaged name, not UTF-8
-        return f"{type(err).__name__}: {err}"
+        return _status(fs, path)
+    except (OSError, pa.ArrowException, ValueError):  # ValueError: a damaged name, not UTF-8
+        why = damage(fs, path)
+        if why is not None:
+            return why
+    return _status(fs, path) if fs.get_file_info(path).type == pyarrow.fs.FileType.File else None
+
+
+def _status(fs, path: str) -> str:
+    status = pq.read_table(path, columns=["status"], filesystem=fs)["status"].to_pylist()
     return status[0] if status and status[0] in FINAL else "error"
 
 

@@ -94,7 +94,7 @@ def test_a_damaged_file_another_reader_sets_aside_meanwhile_fails_no_read(tmp_pa
     rows.mkdir(parents=True)
     pq.write_table(rows_table([{"trial_id": "good", "status": "ok"}]), rows / "good.parquet")
     (rows / "bad.parquet").write_bytes(b"cut short")
-    probe = read._unreadable
+    probe = read.damage
 
     def other_reader_first(fs, path):
         # A second reader (`sweep status` beside the sweep) met the same file and set it aside first.
@@ -102,7 +102,7 @@ def test_a_damaged_file_another_reader_sets_aside_meanwhile_fails_no_read(tmp_pa
             read.quarantine_file(fs, str(rows / "bad.parquet"), "cut short", "rows")
         return probe(fs, path)
 
-    monkeypatch.setattr(read, "_unreadable", other_reader_first)
+    monkeypatch.setattr(read, "damage", other_reader_first)
     assert list(read_results(tmp_path)["trial_id"]) == ["good"]
     assert (tmp_path / "sw" / "quarantine" / "rows-bad.parquet").is_file()
 

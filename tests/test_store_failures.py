@@ -292,7 +292,7 @@ def test_a_live_holder_on_a_host_whose_clock_lags_keeps_the_lock(tmp_path, monke
     assert got and got[0] - stopped >= lock.STALE - 0.1, "taken over once it stopped changing for STALE seconds"
 
 
-def test_a_final_row_whose_read_fails_once_is_set_aside_never_overwritten(tmp_path, monkeypatch):
+def test_a_final_row_whose_read_fails_once_is_never_overwritten(tmp_path, monkeypatch):
     # One failed read of the landed row (a network blip on an object store, too many open files) counted it as a
     # damaged file, and the trial's next row was written over it: the finished result was gone.
     folder = tmp_path / "sweep" / "rows"
@@ -308,3 +308,4 @@ def test_a_final_row_whose_read_fails_once_is_set_aside_never_overwritten(tmp_pa
     write_row(folder, row("t", dev_metric=0.1))
     kept = [pq.read_table(p)["dev_metric"][0].as_py() for p in (tmp_path / "sweep").rglob("*.parquet")]
     assert 0.9 in kept, "the finished row is still in the store, if only set aside"
+    assert kept == [0.9], "a file whole after all is read again: its final row stands where it was"

@@ -83,21 +83,21 @@ def read_table(path, columns: list[str] | None = None, attempts: int = 10) -> pa
 
 def read_files(fs: pyarrow.fs.FileSystem, files: list[str], columns: list[str] | None = None) -> pa.Table:
     """The rows of these files as one table: the declared schema, then any column a file adds. A file that
-    cannot be read as rows is set aside (`quarantine`) and the others are read."""
+    cannot be read as rows is set aside (`damage`, `quarantine_file`) and the others are read."""
     try:
         return _read_files(fs, files, columns)
     except FileNotFoundError:
         raise  # a file a compaction merged and deleted meanwhile: the caller lists again
     except (pa.ArrowException, OSError, ValueError) as err:  # ValueError: a damaged name, not UTF-8, decoded by pyarrow
-        damaged = [f for f in files if _unreadable(fs, f)]
+        damaged = {f: why for f in files if (why := damage(fs, f))}
         if not damaged:
             gone = [f for f in files if fs.get_file_info(f).type == pyarrow.fs.FileType.NotFound]
             if gone:
                 # What failed has gone since (another reader set it aside, a compaction merged it): list again.
                 raise FileNotFoundError(f"{gone[0]} was moved while it was read") from err
             raise
-        for path in damaged:
-            quarantine(fs, path)
+        for path, why in damaged.items():
+            quarantine_file(fs, path, why, "rows")
         return _read_files(fs, [f for f in files if f not in damaged], columns)
 
 
@@ -115,9 +115,10 @@ def _read_files(fs: pyarrow.fs.FileSystem, files: list[str], columns: list[str] 
     return dataset.to_table(columns=columns)
 
 
-def _unreadable(fs: pyarrow.fs.FileSystem, path: str) -> str | None:
-    """Why the file at `path` cannot be read as rows with the declared schema (None: it can): not Parquet,
-    cut short, or columns of types that clash with the declared ones (a foreign file)."""
+def damage(fs: pyarrow.fs.FileSystem, path: str) -> str | None:
+    """Why the file at `path` cannot be read as rows with the declared schema (None: it can, or it is gone): not
+    Parquet, cut short, or columns of types that clash with the declared ones (a foreign file). What keeps this
+    reader from its bytes at all (permissions, a bucket's network) is no damage of the file's and is raised."""
     try:
         pa.unify_schemas([SCHEMA, pq.read_schema(path, filesystem=fs)], promote_options="permissive")
         _read_files(fs, [path])
@@ -136,11 +137,6 @@ def _bytes_reachable(fs: pyarrow.fs.FileSystem, path: str) -> None:
     a rerun train its finished trial again. Bytes that read but do not parse are the file's own damage."""
     with fs.open_input_file(path) as handle:
         handle.read()
-
-
-def quarantine(fs: pyarrow.fs.FileSystem, path: str) -> str:
-    """Set a damaged row file aside (`quarantine_file`)."""
-    return quarantine_file(fs, path, _unreadable(fs, path) or "unreadable", "rows")
 
 
 def quarantine_file(fs: pyarrow.fs.FileSystem, path: str, why: str, what: str = "a plan") -> str:
