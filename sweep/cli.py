@@ -322,8 +322,9 @@ def local_gpus() -> int:
 
 
 def model_limits(model: str, dry_run: bool) -> Limits:
-    """The model's shape (layers, attention heads, positions, family), from its config."""
-    from trainables.models import load_config
+    """The model's shape (layers, attention heads, positions, family, whether its family has a pretrained
+    pooler), from its config; whether its checkpoint has one is known once its weights load (`buildable`)."""
+    from trainables.models import FAMILIES, load_config
 
     if dry_run and model in KNOWN_SHAPES:  # counting needs no download (nor a network timeout)
         return Limits(model, *KNOWN_SHAPES[model], model_type="bert")
@@ -332,8 +333,10 @@ def model_limits(model: str, dry_run: bool) -> Limits:
     # Relative positions (DeBERTa without absolute ones) set no hard limit on the length.
     if getattr(config, "position_biased_input", True) is False:
         positions = None
+    kind = FAMILIES.get(str(config.model_type))  # an unknown family is refused by family_problems
     return Limits(model, int(config.num_hidden_layers), int(config.num_attention_heads),
-                  int(positions) if positions else None, model_type=str(config.model_type))
+                  int(positions) if positions else None, model_type=str(config.model_type),
+                  has_pooler=kind is None or kind.pooler is not None)
 
 
 def family_problems(limits: Limits, experiment: str, settings: GridSettings) -> list[str]:
@@ -347,9 +350,8 @@ def family_problems(limits: Limits, experiment: str, settings: GridSettings) -> 
     reason = FAMILIES[model_type].not_layerwise
     if reason and EXPERIMENTS[experiment].layerwise:
         return [f"--model: '{model}' cannot run {experiment}: {reason}"]
-    if FAMILIES[model_type].pooler is None and settings.reinit_pooler:
-        return [f"--reinit-pooler: '{model}' is a '{model_type}' model, whose classifier has no pretrained pooler "
-                "(its head is drawn fresh in every trial); leave it out"]
+    if not limits.has_pooler and settings.reinit_pooler:
+        return [f"--reinit-pooler: '{model}' {limits.no_pooler()}; leave it out"]
     if settings.reinit_pooler and SQUAD_V2 in settings.tasks:
         return [f"--reinit-pooler: {SQUAD_V2}'s span head reads every token's state, never the pooler, so resetting "
                 "it changes nothing but the draws after it; leave it out, or run the other tasks in a sweep of their "
@@ -357,25 +359,21 @@ def family_problems(limits: Limits, experiment: str, settings: GridSettings) -> 
     return []
 
 
-def buildable(model: str, sweep: Sweep):
+def buildable(model: str, sweep: Sweep, limits: Limits):
     """The model's pretrained weights, once a classifier has been built from them: a checkpoint whose
-    weights do not fit its architecture is refused here, before Ray starts, not inside every trial. So is one
-    saved without its pooler (an MLM-only BERT checkpoint: its classifier draws the pooler fresh) for a sweep
-    that reads or resets the pretrained pooler, whose trials would each fail or compare two random poolers."""
-    from trainables.models import build_classifier, load_pretrained, pooler, pretrained_pooler
+    weights do not fit its architecture is refused here, before Ray starts, not inside every trial. So is a
+    sweep that reads or resets a pretrained pooler its checkpoint was saved without (an MLM-only BERT's: the
+    classifier draws it fresh), as for a family without one: the same checks, now that the weights tell."""
+    from trainables.models import build_classifier, load_pretrained, pretrained_pooler
 
     pretrained = load_pretrained(model)
     classifier = build_classifier(pretrained, num_labels=2, seed=0)
-    if pooler(classifier) is not None and pretrained_pooler(classifier) is None:
-        grid = sweep.grid
-        probing = any(option.name == "probes" for option in EXPERIMENTS[sweep.experiment].options)
-        reads = sorted(set(grid.probes) - {"mean-pool"}) if probing else []
-        if reads:
-            raise Refused([f"--probes: {', '.join(reads)} read the pretrained pooler, and '{model}' was saved "
-                           "without one (its classifier draws it fresh); allowed for it: mean-pool"])
-        if grid.reinit_pooler:
-            raise Refused([f"--reinit-pooler: '{model}' was saved without a pooler (its classifier draws it fresh "
-                           "in every trial): there is no pretrained pooler to reset; leave it out"])
+    if limits.has_pooler and pretrained_pooler(classifier) is None:
+        saved = dataclasses.replace(limits, has_pooler=False)
+        problems = (family_problems(saved, sweep.experiment, sweep.grid)
+                    + experiment_problems(sweep.grid, saved, sweep.experiment))
+        if problems:
+            raise Refused(problems)
     return pretrained
 
 
@@ -544,11 +542,9 @@ def plan(sweep: Sweep, dry_run: bool) -> Planned:
     problems = family_problems(limits, sweep.experiment, grid)
     if problems:
         raise Refused(problems)
-    from trainables.models import FAMILIES
     from trainables.tasks import TASKS
 
-    limits = dataclasses.replace(limits, known_tasks=(*sorted(TASKS), *grid.sources),
-                                 has_pooler=FAMILIES[limits.model_type].pooler is not None)
+    limits = dataclasses.replace(limits, known_tasks=(*sorted(TASKS), *grid.sources))
     problems = validate(sweep, limits) + environment_problems(sweep, dry_run)
     if problems:
         raise Refused(problems)
@@ -591,7 +587,7 @@ def plan(sweep: Sweep, dry_run: bool) -> Planned:
             def load():
                 print(f"loading {grid.model}", flush=True)
                 try:
-                    weights = buildable(grid.model, sweep)
+                    weights = buildable(grid.model, sweep, limits)
                 except Refused:
                     raise
                 except (OSError, ValueError) as err:

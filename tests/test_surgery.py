@@ -346,13 +346,16 @@ def test_a_pooler_the_checkpoint_lacks_is_not_read_as_a_pretrained_one(poolerles
 def test_a_sweep_that_reads_or_resets_a_pooler_the_checkpoint_lacks_is_refused_before_ray(poolerless):
     # Each of its trials would fail (a [CLS] probe) or compare two random poolers (--reinit-pooler).
     from sweep.api import configure
-    from sweep.cli import buildable
+    from sweep.cli import buildable, model_limits
     from sweep.config import Refused
 
     folder = poolerless.path
-    with pytest.raises(Refused, match="--probes: cls-pooler read the pretrained pooler, and .* allowed for it: "
-                                      "mean-pool"):
-        buildable(folder, configure("probing", model=folder, probes=["cls-pooler", "mean-pool"]))
-    with pytest.raises(Refused, match="--reinit-pooler: .* was saved without a pooler"):
-        buildable(folder, configure("incremental", model=folder, reinit_pooler=True))
-    assert buildable(folder, configure("incremental", model=folder)).state_dict.keys() == poolerless.state_dict.keys()
+    limits = model_limits(folder, dry_run=False)
+    assert limits.has_pooler, "its family has one: the checkpoint's weights tell"
+    with pytest.raises(Refused, match="--probes: cls-pooler read the pooler; .* from a checkpoint saved without a "
+                                      "pooler.*; allowed for it: mean-pool"):
+        buildable(folder, configure("probing", model=folder, probes=["cls-pooler", "mean-pool"]), limits)
+    with pytest.raises(Refused, match="--reinit-pooler: .* has no pretrained pooler .* saved without a pooler"):
+        buildable(folder, configure("incremental", model=folder, reinit_pooler=True), limits)
+    built = buildable(folder, configure("incremental", model=folder), limits)
+    assert built.state_dict.keys() == poolerless.state_dict.keys()

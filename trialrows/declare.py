@@ -29,7 +29,12 @@ class Limits:
     max_positions: int | None = None  # None: the model has no fixed number of positions (or it is not known)
     known_tasks: tuple[str, ...] = ()
     model_type: str = ""
-    has_pooler: bool = True  # whether its classifier has a pretrained pooler
+    has_pooler: bool = True  # whether its classifier has a pretrained pooler (its family's, and its checkpoint's)
+
+    def no_pooler(self) -> str:
+        """Why a model without one has no pretrained pooler, for a refusal."""
+        return (f"has no pretrained pooler (a '{self.model_type}' model's classifier, or one from a checkpoint saved "
+                "without a pooler, draws it fresh in every trial)")
 
 
 Check = Callable[[object, Limits], Iterable[str]]

@@ -346,8 +346,7 @@ def probing_problems(grid, limits: Limits) -> list[str]:
                         "least 2 examples")
     if not limits.has_pooler and set(grid.probes) - {"mean-pool"}:
         problems.append(f"--probes: {', '.join(sorted(set(grid.probes) - {'mean-pool'}))} read the pooler; "
-                        f"'{limits.model}' is a '{limits.model_type}' model, whose classifier has no pretrained "
-                        "pooler; allowed for it: mean-pool")
+                        f"'{limits.model}' {limits.no_pooler()}; allowed for it: mean-pool")
     return problems
 
 
