@@ -93,6 +93,17 @@ def test_bucketed_widths_change_no_number(pretrained, synthetic):
     assert exact.plan(exact.orders())[0][0].keys.shape[-1] not in (8, 12, 16, 24, 32, 48, 64)  # it did pad
 
 
+def test_in_bf16_on_a_cpu_a_pack_buckets_its_widths_and_in_fp32_it_does_not(pretrained, synthetic):
+    """oneDNN builds a bf16 matmul for each new shape: a token count that changes every batch made bf16 steps
+    slower than fp32's on an AMX CPU. fp32 (MKL) needs no bucketing, and padding would only add work."""
+    sizes = {bucket(n) for n in range(1, 4096)}
+    for precision, bucketed in (("bf16", True), ("fp32", False)):
+        pack = Pack([dataclasses.replace(MIXED[i], precision=precision) for i in (0, 6)], synthetic, pretrained)
+        batches = pack.plan(pack.orders())[0] + pack._eval_plan(synthetic.validation)[1]
+        widths = {b.ids.shape[1] for b in batches} | {b.keys.shape[-1] for b in batches}
+        assert (widths <= sizes) == bucketed, (precision, widths)
+
+
 def test_bank_rows_are_aligned_and_their_padding_changes_no_number(pretrained, synthetic, monkeypatch):
     """Every trial's view of bank 1 starts 256 bytes apart from the bank's start and its row is a multiple of
     64 floats (vectorized CUDA kernels and cuBLAS's fast paths need it; fused.BANK_ALIGNMENT). The zeros between

@@ -1334,7 +1334,12 @@ class Pack:
             torch.ones(len(cfgs), dtype=torch.bool, device=device)
         self.clipped = torch.tensor(parts.clipped, device=device) if parts.clipped is not None else \
             torch.zeros(len(cfgs), dtype=torch.long, device=device)
-        self.bucketed = device.type == "cuda"
+        # Widths bucketed to few sizes: on GPUs for CUDA graphs; in bf16 on CPUs for oneDNN, which builds its
+        # bf16 matmul for each new shape and keeps a thousand: a token count that changes every batch made a bf16
+        # MiniLM step on an AMX Xeon 116 ms, slower than fp32's 97 (84 bucketed; docs/benchmarks.md). In fp32
+        # padding changes no number (test_bucketed_widths_change_no_number); bf16's kernels for other shapes round
+        # otherwise, as for another thread count, and the same settings and threads give the same numbers.
+        self.bucketed = device.type == "cuda" or self.compute.precision == "bf16"
         self.graphs = step_graphs(self)
         # for its rows: graphs given up (StepGraphs.give_up) leave the learning rates read in float32
         self.graphs_on = self.graphs is not None
