@@ -679,7 +679,8 @@ def planned_and_run(sweep: Sweep, argv, callbacks, dry_run: bool):
         results = None
         if todo:
             extra = {"callbacks": list(callbacks)} if callbacks else {}
-            results = run(todo, sweep.grid, sweep, folder, planned.pretrained, planned.raw, **extra)
+            results = run(todo, sweep.grid, sweep, folder, planned.pretrained, planned.raw, known=planned.specs,
+                          **extra)
     finally:
         stop_ray(planned.ray_started)
     rows, code = report(folder, {row["trial_id"] for row in planned.rows}, planned.table)
@@ -720,7 +721,7 @@ def precision_sweep(planned, sweep, argv, folder, num_layers: int, callbacks=())
         todo = [s for s in pilot if s.trial_id not in done]
         print(f"pilot stage: {len(pilot) - len(todo)} of {len(pilot)} already done, {len(todo)} to run", flush=True)
         if todo:
-            ray_session.run(todo, sweep, folder, raw)
+            ray_session.run(todo, sweep, folder, raw, known=specs)
         second, table, _, _ = stage_two(specs, stored_rows(folder), target)
         record_sweep(sweep, argv, [s.row() for s in [*pilot, *second]], FINISHED)
         done = finished_trial_ids(folder)
@@ -730,7 +731,7 @@ def precision_sweep(planned, sweep, argv, folder, num_layers: int, callbacks=())
         resume = sweep.run.resume and not ray_session.ran
         if todo:
             ray_session.run(todo, dataclasses.replace(sweep, run=dataclasses.replace(sweep.run, resume=resume)),
-                            folder, raw)
+                            folder, raw, known=specs)
     finally:
         ray_session.close()
     rows, code = report(folder, {s.trial_id for s in [*pilot, *second]}, lambda found: end_table(found, target))
@@ -744,13 +745,13 @@ class RaySession:
     def __init__(self, sweep, pretrained, callbacks=()):
         self.sweep, self.pretrained, self.callbacks, self.owned, self.ran = sweep, pretrained, callbacks, False, False
 
-    def run(self, todo, sweep, folder, raw) -> None:
+    def run(self, todo, sweep, folder, raw, known=()) -> None:
         import ray
 
         if not ray.is_initialized():
             start_ray(self.sweep.run.address)
             self.owned = True
-        run(todo, sweep.grid, sweep, folder, self.pretrained, raw, callbacks=self.callbacks)
+        run(todo, sweep.grid, sweep, folder, self.pretrained, raw, callbacks=self.callbacks, known=known)
         self.ran = True
 
     def close(self) -> None:
@@ -900,8 +901,9 @@ def stop_ray(started: bool) -> None:
 
 
 def run(todo: list[TrialSpec], settings: GridSettings, options: Sweep, folder: Path, pretrained, raw: dict | None = None,
-        callbacks=()):
-    """Start (or join) Ray, tokenize, and hand the trials to the experiment's runner; returns what it returns."""
+        callbacks=(), known=()):
+    """Start (or join) Ray, tokenize, and hand the trials to the experiment's runner; returns what it returns.
+    `known`: every trial of the sweep, done or not (finetuning trials' runner forms a resumed pack again whole)."""
     import ray
 
     run_settings = options.run
@@ -929,6 +931,8 @@ def run(todo: list[TrialSpec], settings: GridSettings, options: Sweep, folder: P
         extra = {"callbacks": [*trackers, *callbacks]}
         if not extra["callbacks"]:
             extra = {}
+        if EXPERIMENTS[options.experiment].runner is None and known:  # finetuning trials: sweep.runner.run_trials
+            extra["known"] = known
         returned = EXPERIMENTS[options.experiment].run_function()(
             todo,
             data=data,

@@ -148,6 +148,28 @@ def group_into_packs(trials: list[dict], size: int, pretrained: dict, fuse_alone
     return units
 
 
+def resumed_packs(todo: list[dict], known: dict[str, dict], earlier: list[list[str]], size: int
+                  ) -> tuple[list[dict], list[dict], set[str]]:
+    """For a `--resume`: the packs that earlier runs left checkpoints of (`earlier`: their members' trial ids,
+    newest first; trainables.tune_trainable.earlier_pack_members), formed again with the same members, so the same
+    id, by which each finds its checkpoint and goes on from it. Grouping only the trials still to run would make
+    other packs as soon as one member's row had landed (it diverged, or its group finished before the others),
+    and they would start over. A pack is formed again when one of its members is still to run (`todo`), all of
+    them are trials of this sweep (`known`, by trial_id), it holds at most `size`, and no newer pack claimed one
+    of them. Members whose rows stand train along as they did; their rows are not written again. Returns (those
+    packs, the trials left to group, the ids of the members whose rows stand)."""
+    waiting = {t["trial_id"] for t in todo}
+    claimed: set[str] = set()
+    units, standing = [], set()
+    for ids in earlier:
+        if not waiting & set(ids) or len(ids) > size or claimed & set(ids) or not all(i in known for i in ids):
+            continue
+        units.append(pack_config([known[i] for i in ids]))
+        claimed |= set(ids)
+        standing |= set(ids) - waiting
+    return units, [t for t in todo if t["trial_id"] not in claimed], standing
+
+
 def pack_results(result: dict) -> dict[str, dict]:
     """A pack's report: each member's latest figures by trial_id (packs used to report a list of them; a Tune
     experiment restored from then still holds one), and `{"trial_id": ..., "waiting": True}` for each member

@@ -12,7 +12,7 @@ from ray.tune import Callback
 from sweep.checks import unshared_storage_problems
 from sweep.config import Refused, RunSettings
 from sweep.grid import TrialSpec
-from sweep.packs import group_into_packs, pack_memory_problems, pack_resources, resolve_pack
+from sweep.packs import group_into_packs, pack_memory_problems, pack_resources, resolve_pack, resumed_packs
 from sweep.store import write_row
 from trainables.rows import ended_rows, make_row
 
@@ -197,11 +197,13 @@ def run_trials(
     options=None,
     verbose: int = 0,
     callbacks=(),
+    known=(),
 ):
     """Run every spec as a Tune trial; returns (the Tune ResultGrid, the trial_ids of the rows written). Rows
     land in `folder` as trials end. `options` holds how to run (sweep.config.RunSettings, or the Sweep; None:
     their declared defaults): checkpoint_every, keep_checkpoints, max_failures, resume, pack. `callbacks` are
-    more Tune callbacks (trackers, the Python API's).
+    more Tune callbacks (trackers, the Python API's). `known`: every trial of the sweep, done or not (a resume
+    forms an earlier run's pack again whole, its done members too: sweep.packs.resumed_packs).
 
     Every run is a new Tune experiment. With `resume`, each trial goes on from the newest checkpoint an earlier
     run left for its trial_id under `tune_dir` (trainables.tune_trainable.earlier_checkpoints): a resume is
@@ -212,6 +214,7 @@ def run_trials(
     import ray
 
     from sweep.progress import ProgressView, trial_work
+    from trainables.tune_trainable import earlier_pack_members
 
     if options is None:
         options = RunSettings()
@@ -227,7 +230,15 @@ def run_trials(
         print(f"--resume: each unfinished trial goes on from the newest checkpoint an earlier run left for it under "
               f"{tune_dir}", flush=True)
     size, fuse_alone = resolve_pack(options.pack, gpus_per_trial, parameters)
-    units = group_into_packs([spec.to_config() for spec in specs], size, pretrained, fuse_alone)
+    configs, units, standing = [spec.to_config() for spec in specs], [], set()
+    if resume and size > 1 and known:
+        units, configs, standing = resumed_packs(configs, {s.trial_id: s.to_config() for s in known},
+                                                 earlier_pack_members(str(tune_dir)), size)
+        if units:
+            print(f"--resume: {len(units)} fused pack(s) go on from their checkpoints as they were"
+                  + (f", with {len(standing)} member(s) whose rows stand (not written again)" if standing else ""),
+                  flush=True)
+    units += group_into_packs(configs, size, pretrained, fuse_alone)
     if not gpus_per_trial:  # on a GPU, a pack sizes its groups by the card's memory
         problems = pack_memory_problems(units, cpus_per_trial, ray.nodes(), parameters)
         if problems:
@@ -237,7 +248,7 @@ def run_trials(
         print(f"--pack {options.pack}: up to {size} trial{'s' * (size > 1)} a fused pack; {len(specs)} "
               f"trials in {len(units)} Tune trials, {fused} of them fused packs", flush=True)
     progress = ProgressView({s.trial_id: trial_work(s) for s in specs})
-    writer = RowWriter(folder, keep_checkpoints=keep_checkpoints, progress=progress)
+    writer = RowWriter(folder, landed=standing, keep_checkpoints=keep_checkpoints, progress=progress)
     tuner = make_tuner(
         trainable, param_space={"trial": tune.grid_search(units)}, name=experiment_name(), storage_path=tune_dir,
         callbacks=[writer, progress, *callbacks],

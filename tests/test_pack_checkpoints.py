@@ -65,3 +65,28 @@ def test_a_pack_resumed_from_the_checkpoint_of_a_members_divergence_reports_that
     assert [r[1] for r in reports if 1 in r] == [resumed[1]], "the diverged member's result is reported once"
     assert resumed[1]["status"] == "diverged" and resumed[1]["train_loss"] != resumed[1]["train_loss"]  # nan
     assert resumed[0]["train_loss"] == clean[0]["train_loss"]
+
+
+def test_a_resumed_pack_whose_member_landed_goes_on_from_its_checkpoint_as_the_same_pack(tiny_bert, tmp_path):
+    """A member of a pack can land its row before the pack ends (it diverged, or its group finished first). A
+    `--resume` after the pack was stopped must form that pack again, to go on from its checkpoint: a pack of the
+    members left would be another pack (here a lone trial, unfused) and start over."""
+    argv = ["incremental", "--model", tiny_bert, "--tasks", "synthetic", "--sizes", "24", "--k", "0", "4",
+            "--trials", "1", "--epochs", "3", "--pack", "2", "--checkpoint-every", "0", "--keep-checkpoints",
+            "--storage", str(tmp_path), "--name", "landed"]
+    assert main(argv) == 0
+    first = read_results(tmp_path / "landed").set_index("trial_id").sort_index()
+    assert set(first["pack_size"]) == {2} and set(first["resumed_from_epoch"]) == {0}
+    # As if the pack had been stopped after one member's row landed: the other's row is not there, the pack's
+    # checkpoints (epochs 1 and 2) are.
+    gone, kept = first.index
+    (tmp_path / "landed" / "rows" / f"{gone}.parquet").unlink()
+    assert main([*argv, "--resume"]) == 0
+    again = read_results(tmp_path / "landed").set_index("trial_id").sort_index()
+    assert list(again.index) == [gone, kept]
+    assert again.loc[gone, "resumed_from_epoch"] == 2, "the pack must go on from its epoch-2 checkpoint"
+    assert again.loc[gone, "pack_id"] == first.loc[gone, "pack_id"] and again.loc[gone, "pack_size"] == 2
+    for column in ("train_loss", "dev_metric"):
+        assert again.loc[gone, column] == first.loc[gone, column], column
+    assert list(again.loc[gone, "weight_distance"]) == list(first.loc[gone, "weight_distance"])
+    assert again.loc[kept, "finished_at"] == first.loc[kept, "finished_at"], "the landed row is not written again"

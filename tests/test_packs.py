@@ -11,7 +11,7 @@ import pytest
 from analysis.results import read_results
 from sweep.cli import main
 from sweep.experiments import EXPERIMENTS, GridSettings
-from sweep.packs import group_into_packs, members, memory_sized_pack, resolve_pack
+from sweep.packs import group_into_packs, members, memory_sized_pack, pack_config, resolve_pack, resumed_packs
 from trainables.fused import MAX_GROUP, MEMORY_SHARE, PEAK_BYTES_PER_PARAMETER, group_size
 from trainables.models import load_pretrained
 
@@ -131,3 +131,22 @@ def test_real_sweep_with_packs_writes_the_rows_of_unfused_trials(ray_local, quie
     assert (auto["pack_id"] == auto.index).all(), "a pack of one is named by its trial"
     np.testing.assert_allclose(auto["dev_metric"], alone["dev_metric"], atol=1e-9)
     np.testing.assert_allclose(auto["train_loss"], alone["train_loss"], rtol=2e-4)
+
+
+def test_a_resume_forms_again_each_earlier_pack_it_can_and_groups_the_rest_as_before():
+    def config(name: str) -> dict:
+        return {"trial_id": name, "model_key": "m", "data_key": "d",
+                "row": {"experiment": "incremental", "task": "sst2", "train_size": 24}}
+
+    known = {name: config(name) for name in "abcdefgh"}
+    todo = [known[name] for name in "bcdefh"]  # a and g have rows
+    earlier = [["a", "b"],  # newest: b still to run, a's row stands
+               ["b", "c"],  # b claimed by the newer pack: this one cannot go on whole
+               ["d", "x"],  # x is no trial of this sweep (another grid)
+               ["e", "f", "g"],  # more than a pack holds now
+               ["h", "c"]]  # all still to run (c is free again: the pack that claimed b is not formed)
+    units, rest, standing = resumed_packs(todo, known, earlier, size=2)
+    assert [[m["trial_id"] for m in members(u)] for u in units] == [["a", "b"], ["h", "c"]]
+    assert units[0] == pack_config([known["a"], known["b"]]), "the same members, so the same id as before"
+    assert [t["trial_id"] for t in rest] == ["d", "e", "f"] and standing == {"a"}
+    assert resumed_packs(todo, known, [], size=2) == ([], todo, set())

@@ -89,14 +89,11 @@ def load_state(checkpoint) -> dict | None:
 
 def sibling_checkpoints(checkpoint) -> list:
     """The other checkpoints in the trial's folder, oldest first (Tune numbers them checkpoint_000000, ...)."""
-    import pyarrow.fs
     from ray import tune
 
     fs, parent = checkpoint.filesystem, os.path.dirname(checkpoint.path.rstrip("/"))
-    found = fs.get_file_info(pyarrow.fs.FileSelector(parent, allow_not_found=True))
-    return [tune.Checkpoint(f.path, filesystem=fs) for f in sorted(found, key=lambda f: f.base_name)
-            if f.type == pyarrow.fs.FileType.Directory and f.base_name.startswith("checkpoint_")
-            and f.path.rstrip("/") != checkpoint.path.rstrip("/")]
+    return [tune.Checkpoint(path, filesystem=fs) for path in saved_checkpoints(fs, parent)
+            if path.rstrip("/") != checkpoint.path.rstrip("/")]
 
 
 def dying_after(epoch: int, report):
@@ -114,27 +111,64 @@ def replay_key(trial: dict) -> tuple:
     return trial["trial_id"], tuple(trial["finetune"].get("layer_lr_multipliers") or ())
 
 
+def earlier_runs(tune_dir: str) -> tuple:
+    """(the file system, the folders of the sweep's earlier Tune runs under `tune_dir`, newest first)."""
+    import pyarrow.fs
+
+    if "://" in tune_dir:
+        fs, root = pyarrow.fs.FileSystem.from_uri(tune_dir)
+    else:
+        fs, root = pyarrow.fs.LocalFileSystem(), os.path.abspath(tune_dir)
+    runs = fs.get_file_info(pyarrow.fs.FileSelector(root, allow_not_found=True))
+    return fs, [r.path for r in sorted((r for r in runs if r.type == pyarrow.fs.FileType.Directory
+                                        and r.base_name.startswith("tune-")), key=lambda r: r.base_name, reverse=True)]
+
+
+def saved_checkpoints(fs, trial_folder: str) -> list[str]:
+    """The checkpoint folders in a trial's folder, oldest first (Tune numbers them checkpoint_000000, ...)."""
+    import pyarrow.fs
+
+    entries = fs.get_file_info(pyarrow.fs.FileSelector(trial_folder, allow_not_found=True))
+    return [f.path for f in sorted(entries, key=lambda f: f.base_name)
+            if f.type == pyarrow.fs.FileType.Directory and f.base_name.startswith("checkpoint_")]
+
+
 def earlier_checkpoints(tune_dir: str, trial_id: str) -> list:
     """Per earlier run of the sweep, newest run first, the newest checkpoint it left for `trial_id`
     (`<tune_dir>/tune-*/<trial_id>/checkpoint_*`), as tune.Checkpoints. This is how `--resume` goes on: from the
     store's own checkpoints, found by the trial's id, never from Tune's pickled experiment state."""
-    import pyarrow.fs
     from ray import tune
 
-    if "://" in tune_dir:
-        fs, root = pyarrow.fs.FileSystem.from_uri(tune_dir)
-        base, _, _ = tune_dir.partition("?")
-    else:
-        fs, root = pyarrow.fs.LocalFileSystem(), os.path.abspath(tune_dir)
-    runs = fs.get_file_info(pyarrow.fs.FileSelector(root, allow_not_found=True))
+    fs, runs = earlier_runs(tune_dir)
+    return [tune.Checkpoint(saved[-1], filesystem=fs) for saved in (saved_checkpoints(fs, f"{run}/{trial_id}")
+                                                                    for run in runs) if saved]
+
+
+def earlier_pack_members(tune_dir: str) -> list[list[str]]:
+    """The members (trial ids, in their order) of each fused pack an earlier run of the sweep left a checkpoint
+    of, newest run first, each pack once: `--resume` forms these packs again (sweep.packs.resumed_packs), so that
+    each goes on from its checkpoint even when some of its members' rows have landed (a member that diverged, an
+    earlier group's). Only the checkpoints' state.json is read, not their weights."""
+    import pyarrow.fs
+
+    fs, runs = earlier_runs(tune_dir)
+    seen: set[str] = set()
     found = []
-    for run in sorted((r for r in runs if r.type == pyarrow.fs.FileType.Directory and r.base_name.startswith("tune-")),
-                      key=lambda r: r.base_name, reverse=True):
-        entries = fs.get_file_info(pyarrow.fs.FileSelector(f"{run.path}/{trial_id}", allow_not_found=True))
-        saved = sorted((f for f in entries if f.type == pyarrow.fs.FileType.Directory
-                        and f.base_name.startswith("checkpoint_")), key=lambda f: f.base_name)
-        if saved:
-            found.append(tune.Checkpoint(saved[-1].path, filesystem=fs))
+    for run in runs:
+        for entry in fs.get_file_info(pyarrow.fs.FileSelector(run, allow_not_found=True)):
+            if entry.type != pyarrow.fs.FileType.Directory or not entry.base_name.startswith("pack-") \
+                    or entry.base_name in seen:
+                continue
+            for checkpoint in reversed(saved_checkpoints(fs, entry.path)):
+                try:
+                    with fs.open_input_stream(f"{checkpoint}/{state_files.STATE_FILE}") as stream:
+                        ids = json.loads(stream.read()).get("state", {}).get("trial_ids")
+                except (OSError, ValueError, AttributeError):  # none (a finished pack's note), cut short, damaged
+                    continue
+                if isinstance(ids, list) and ids and all(isinstance(i, str) for i in ids):
+                    seen.add(entry.base_name)
+                    found.append(ids)
+                    break
     return found
 
 
