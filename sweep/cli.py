@@ -679,8 +679,9 @@ def planned_and_run(sweep: Sweep, argv, callbacks, dry_run: bool):
         results = None
         if todo:
             extra = {"callbacks": list(callbacks)} if callbacks else {}
-            results = run(todo, sweep.grid, sweep, folder, planned.pretrained, planned.raw, known=planned.specs,
-                          **extra)
+            # A resume forms earlier packs again whole: with members whose rows stand, never with other trials.
+            known = landed_or_todo(planned.specs, finished_trial_ids(folder), todo) if sweep.run.resume else ()
+            results = run(todo, sweep.grid, sweep, folder, planned.pretrained, planned.raw, known=known, **extra)
     finally:
         stop_ray(planned.ray_started)
     rows, code = report(folder, {row["trial_id"] for row in planned.rows}, planned.table)
@@ -721,7 +722,7 @@ def precision_sweep(planned, sweep, argv, folder, num_layers: int, callbacks=())
         todo = [s for s in pilot if s.trial_id not in done]
         print(f"pilot stage: {len(pilot) - len(todo)} of {len(pilot)} already done, {len(todo)} to run", flush=True)
         if todo:
-            ray_session.run(todo, sweep, folder, raw, known=specs)
+            ray_session.run(todo, sweep, folder, raw, known=landed_or_todo(specs, done, todo))
         second, table, _, _ = stage_two(specs, stored_rows(folder), target)
         record_sweep(sweep, argv, [s.row() for s in [*pilot, *second]], FINISHED)
         done = finished_trial_ids(folder)
@@ -731,11 +732,19 @@ def precision_sweep(planned, sweep, argv, folder, num_layers: int, callbacks=())
         resume = sweep.run.resume and not ray_session.ran
         if todo:
             ray_session.run(todo, dataclasses.replace(sweep, run=dataclasses.replace(sweep.run, resume=resume)),
-                            folder, raw, known=specs)
+                            folder, raw, known=landed_or_todo(specs, done, todo))
     finally:
         ray_session.close()
     rows, code = report(folder, {s.trial_id for s in [*pilot, *second]}, lambda found: end_table(found, target))
     return rows, None, code
+
+
+def landed_or_todo(specs: list[TrialSpec], done: set[str], todo: list[TrialSpec]) -> list[TrialSpec]:
+    """The runner's `known` for a stage: the trials whose rows stand, and those it runs. Not a later stage's
+    trial, nor one a loosened target no longer asks for: a resumed pack that held one would train it along as
+    if its row stood, and drop the row."""
+    running = {s.trial_id for s in todo}
+    return [s for s in specs if s.trial_id in done or s.trial_id in running]
 
 
 class RaySession:
@@ -903,7 +912,7 @@ def stop_ray(started: bool) -> None:
 def run(todo: list[TrialSpec], settings: GridSettings, options: Sweep, folder: Path, pretrained, raw: dict | None = None,
         callbacks=(), known=()):
     """Start (or join) Ray, tokenize, and hand the trials to the experiment's runner; returns what it returns.
-    `known`: every trial of the sweep, done or not (finetuning trials' runner forms a resumed pack again whole)."""
+    `known`: the trials whose rows stand, and `todo` (finetuning trials' runner forms a resumed pack again whole)."""
     import ray
 
     run_settings = options.run

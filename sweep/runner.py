@@ -202,7 +202,7 @@ def run_trials(
     """Run every spec as a Tune trial; returns (the Tune ResultGrid, the trial_ids of the rows written). Rows
     land in `folder` as trials end. `options` holds how to run (sweep.config.RunSettings, or the Sweep; None:
     their declared defaults): checkpoint_every, keep_checkpoints, max_failures, resume, pack. `callbacks` are
-    more Tune callbacks (trackers, the Python API's). `known`: every trial of the sweep, done or not (a resume
+    more Tune callbacks (trackers, the Python API's). `known`: the trials whose rows stand, and `specs` (a resume
     forms an earlier run's pack again whole, its done members too: sweep.packs.resumed_packs).
 
     Every run is a new Tune experiment. With `resume`, each trial goes on from the newest checkpoint an earlier

@@ -150,3 +150,19 @@ def test_a_resume_forms_again_each_earlier_pack_it_can_and_groups_the_rest_as_be
     assert units[0] == pack_config([known["a"], known["b"]]), "the same members, so the same id as before"
     assert [t["trial_id"] for t in rest] == ["d", "e", "f"] and standing == {"a"}
     assert resumed_packs(todo, known, [], size=2) == ([], todo, set())
+
+
+def test_a_precision_sweep_gives_its_resume_only_trials_done_or_to_run_as_a_packs_members(tiny_bert, tmp_path,
+                                                                                        monkeypatch):
+    """A member of an earlier pack that is neither done nor to run now (a later stage's trial, or one a loosened
+    --target-ci no longer asks for) has no row that stands: a pack formed again with it would train it along
+    and drop its row, saying that it stands."""
+    from sweep.cli import RaySession
+
+    runs = []
+    monkeypatch.setattr(RaySession, "run", lambda self, todo, sweep, folder, raw, known=(): runs.append((todo, known)))
+    main(["incremental", "--model", tiny_bert, "--tasks", "synthetic", "--sizes", "24", "--k", "0", "--epochs", "1",
+          "--target-ci", "0.05", "--pilot-trials", "2", "--max-trials", "4", "--pack", "2", "--resume",
+          "--storage", str(tmp_path), "--name", "stages"])
+    (todo, known), = runs  # the pilot: stage 2 waits for its rows
+    assert {s.trial_id for s in known} == {s.trial_id for s in todo}, "none is done: only the pilot is known"
