@@ -148,7 +148,7 @@ def group_into_packs(trials: list[dict], size: int, pretrained: dict, fuse_alone
     return units
 
 
-def resumed_packs(todo: list[dict], known: dict[str, dict], earlier: list[list[str]], size: int
+def resumed_packs(todo: list[dict], known: dict[str, dict], earlier: list[list[str]], size: int | None
                   ) -> tuple[list[dict], list[dict], set[str]]:
     """For a `--resume`: the packs that earlier runs left checkpoints of (`earlier`: their members' trial ids,
     newest first; trainables.tune_trainable.earlier_pack_members), formed again with the same members, so the same
@@ -156,14 +156,15 @@ def resumed_packs(todo: list[dict], known: dict[str, dict], earlier: list[list[s
     other packs as soon as one member's row had landed (it diverged, or its group finished before the others),
     and they would start over. A pack is formed again when one of its members is still to run (`todo`), all of
     them are to run or have rows that stand (`known`, by trial_id; a trial of neither would train along and lose
-    its row), it holds at most `size`, and no newer pack claimed one of them. Members whose rows stand train
+    its row), it holds at most `size` (None: any number), and no newer pack claimed one of them. Members whose rows stand train
     along as they did; their rows are not written again. Returns (those packs, the trials left to group, the ids
     of the members whose rows stand)."""
     waiting = {t["trial_id"] for t in todo}
     claimed: set[str] = set()
     units, standing = [], set()
     for ids in earlier:
-        if not waiting & set(ids) or len(ids) > size or claimed & set(ids) or not all(i in known for i in ids):
+        if not waiting & set(ids) or len(ids) > (size or len(ids)) or claimed & set(ids) \
+                or not all(i in known for i in ids):
             continue
         units.append(pack_config([known[i] for i in ids]))
         claimed |= set(ids)

@@ -232,8 +232,12 @@ def run_trials(
     size, fuse_alone = resolve_pack(options.pack, gpus_per_trial, parameters)
     configs, units, standing = [spec.to_config() for spec in specs], [], set()
     if resume and size > 1 and known:
+        # --pack auto sizes packs by the cards' free memory, which moves a little from run to run; a pack sizes its
+        # groups on its own card, and a saved group too large for it splits: an earlier pack is formed again
+        # whatever its size. --pack N is the user's bound.
         units, configs, standing = resumed_packs(configs, {s.trial_id: s.to_config() for s in known},
-                                                 earlier_pack_members(str(tune_dir)), size)
+                                                 earlier_pack_members(str(tune_dir)),
+                                                 None if options.pack == "auto" else size)
         if units:
             print(f"--resume: {len(units)} fused pack(s) go on from their checkpoints as they were"
                   + (f", with {len(standing)} member(s) whose rows stand (not written again)" if standing else ""),

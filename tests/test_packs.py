@@ -150,6 +150,9 @@ def test_a_resume_forms_again_each_earlier_pack_it_can_and_groups_the_rest_as_be
     assert units[0] == pack_config([known["a"], known["b"]]), "the same members, so the same id as before"
     assert [t["trial_id"] for t in rest] == ["d", "e", "f"] and standing == {"a"}
     assert resumed_packs(todo, known, [], size=2) == ([], todo, set())
+    # --pack auto (size None): an earlier pack larger than today's cards would size one is formed again too
+    units, rest, standing = resumed_packs(todo, known, [["e", "f", "g"]], size=None)
+    assert [m["trial_id"] for m in members(units[0])] == ["e", "f", "g"] and standing == {"g"}
 
 
 def test_a_precision_sweep_gives_its_resume_only_trials_done_or_to_run_as_a_packs_members(tiny_bert, tmp_path,
