@@ -47,18 +47,20 @@ def made_task(name: str, num_labels: int, seed: int) -> TokenizedTask:
 
 def test_a_trial_resumed_after_a_head_swap_ends_as_it_would_have(tiny, tmp_path):
     # A regression task first, then three classes: the final task's fresh head, optimizer and schedule, and its
-    # weight change from its own start survive a checkpoint at each of its epochs.
+    # weight change from its own start survive a checkpoint at each of its epochs; the regression round and its
+    # weight change, one at each of that round's.
     first, final = made_task("scores", 1, 1), made_task("three", 3, 2)
     cfg = FinetuneConfig(task="three", train_size=24, subset_seed=2, seed=2, epochs=3, lr=1e-3,
                          intermediate_task="scores")
     saved = []
 
     def save(state: dict) -> None:
-        saved.append(tmp_path / f"epoch{state['epoch']}")
+        saved.append(tmp_path / f"state{len(saved)}")
         save_state(saved[-1], state)
 
     clean = finetune(cfg, final, tiny, intermediate=first, save=save)
-    assert len(saved) == 2 and clean["status"] == "ok"
+    assert [load_state(path).get("phase") for path in saved] == ["intermediate", "intermediate", None, None]
+    assert clean["status"] == "ok"
     assert len(clean["intermediate_weight_distance"]) == len(clean["weight_distance"]) == 2
     timings = {"train_seconds", "eval_seconds", "wall_seconds", "mfu", "hfu", "resumed_from_epoch"}
     for path in saved:

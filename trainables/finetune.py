@@ -362,13 +362,24 @@ def evaluated_at(epoch: int, cfg: FinetuneConfig) -> bool:
     return epoch == cfg.epochs or (cfg.eval_every > 0 and epoch % cfg.eval_every == 0)
 
 
+# A state saved during sequential finetuning's first phase says so (`training_state` of the intermediate model):
+# a resume goes on in that phase, then runs the final task from its start.
+INTERMEDIATE = "intermediate"
+
+
 def finetune_intermediate(model, cfg: FinetuneConfig, intermediate: TokenizedTask, pretrained: Pretrained,
-                          compute: Compute) -> tuple[float, float, list[float]]:
+                          compute: Compute, save: Callable[[dict], None] | None = None,
+                          report: Callable[[dict], None] | None = None, resume: dict | None = None) -> Progress:
     """Sequential finetuning's first phase: the whole recipe on the intermediate task (its own subset of the
     same size, its own head), then its encoder goes on in `model`, under the final task's fresh head.
-    Returns (FLOPs, seconds, the per-layer weight change of this phase)."""
+    Returns the phase's figures: FLOPs, training seconds, the wall seconds of the runs before a resume, and the
+    per-layer weight change of this phase (`phase_one`). `save`, if given, receives at every epoch end but the
+    last the phase's state, and `report` then an epoch-0 result naming the phase's epoch (Tune keeps a checkpoint
+    only with a report): an intermediate round of a large subset takes hours, which a lost node no longer costs.
+    `resume`: such a state, to go on from."""
     if intermediate is None or intermediate.task != cfg.intermediate_task:
         raise ValueError(f"intermediate_task '{cfg.intermediate_task}' needs its tokenized data")
+    started = time.perf_counter()
     first = build_model(pretrained, intermediate, cfg.seed)
     first.base_model.load_state_dict(model.base_model.state_dict())
     first.to(compute.device)
@@ -377,15 +388,27 @@ def finetune_intermediate(model, cfg: FinetuneConfig, intermediate: TokenizedTas
     optimizer, scheduler = make_optimizer(first, cfg, rows)
     rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 2]))
     torch.manual_seed(cfg.seed)
-    tick, flops = time.perf_counter(), 0.0
-    for _ in range(cfg.epochs):
+    done, progress = 0, Progress()
+    if resume is not None:
+        done, progress = load_training_state(resume, first, optimizer, scheduler, rng)
+        start = [[w.to(compute.device) for w in layer] for layer in resume["start_weights"]]
+    tick = time.perf_counter()
+    for epoch in range(done + 1, cfg.epochs + 1):
         stats = train_epoch(first, intermediate.train, rows, cfg, optimizer, scheduler, rng, compute)
-        flops += stats.flops
+        progress.flops += stats.flops
         if not (math.isfinite(stats.loss) and finite_weights(first)):
             break  # diverged: the final task's first epoch finds its weights so and stops the trial there
-    seconds = time.perf_counter() - tick
+        if save is not None and epoch < cfg.epochs:
+            now = time.perf_counter()
+            save({**training_state(epoch, first, optimizer, scheduler, rng, dataclasses.replace(
+                progress, train_seconds=progress.train_seconds + now - tick,
+                wall_seconds=progress.wall_seconds + now - started), start), "phase": INTERMEDIATE})
+            if report is not None:
+                report({"status": "ok", "epoch": 0, "intermediate_epoch": epoch, "intermediate_train_loss": stats.loss})
+    progress.train_seconds += time.perf_counter() - tick
     model.base_model.load_state_dict(first.base_model.state_dict())
-    return flops, seconds, weight_distance(start, first)
+    return Progress(flops=progress.flops, train_seconds=progress.train_seconds, wall_seconds=progress.wall_seconds,
+                    phase_one={"intermediate_weight_distance": weight_distance(start, first)})
 
 
 def training_split(cfg: FinetuneConfig, data: TokenizedTask):
@@ -417,9 +440,11 @@ def finetune(
     compute = Compute(pick_device(cfg.gpu_fraction), cfg.precision, int(pretrained.config.pad_token_id or 0),
                       flop_shape(model))
     progress = Progress()
-    if cfg.intermediate_task is not None and resume is None:  # a saved state is past the intermediate task
-        flops, seconds, moved = finetune_intermediate(model, cfg, intermediate, pretrained, compute)
-        progress = Progress(flops=flops, train_seconds=seconds, phase_one={"intermediate_weight_distance": moved})
+    if resume is not None and resume.get("phase") == INTERMEDIATE:  # saved in the first phase: it goes on there
+        progress, resume = finetune_intermediate(model, cfg, intermediate, pretrained, compute, save, report,
+                                                 resume), None
+    elif cfg.intermediate_task is not None and resume is None:  # a final task's saved state is past that phase
+        progress = finetune_intermediate(model, cfg, intermediate, pretrained, compute, save, report)
     model.to(compute.device)
     start_weights = layer_weights(model)  # weight change is measured from here: the final task's start
     rows, held, held_split = training_split(cfg, data)

@@ -56,7 +56,10 @@ class EpochCheckpoints:
         from ray import tune
 
         if self.pending is None:
-            self.report_to_tune(result)
+            # A sequential trial's first-phase report (finetune_intermediate) is there to carry a checkpoint: without
+            # one it would only be Tune's first result, whose keys fix its progress.csv's columns for the trial.
+            if not result.get("intermediate_epoch"):
+                self.report_to_tune(result)
             return
         try:  # Tune copies the folder to the sweep's storage before report returns
             self.report_to_tune(result, checkpoint=tune.Checkpoint.from_directory(self.pending))
