@@ -81,3 +81,26 @@ def test_an_intermediate_round_that_diverges_stops_at_once(tiny, monkeypatch):
     result = finetune(cfg, made_task("two", 2, 3), tiny, intermediate=made_task("scores", 1, 4))
     assert result["status"] == "diverged" and result["epoch"] == 1
     assert len(epochs) == 2 and epochs[0] is not epochs[1]  # one intermediate epoch, then one of the final task
+
+
+def test_an_intermediate_rounds_checkpoints_are_not_counted_as_training_time(tiny, monkeypatch):
+    # train_seconds (and the MFU made from it) is time spent training: a checkpoint's writing, and Tune copying it to
+    # the storage before its report returns, are not, in the intermediate round as in the final task. A clock that
+    # moves 1 s an epoch trained and 100 s a checkpoint written.
+    import types
+
+    import trainables.finetune as ft
+
+    clock, train_epoch = [0.0], ft.train_epoch
+
+    def timed_epoch(*args):
+        clock[0] += 1.0
+        return train_epoch(*args)
+
+    monkeypatch.setattr(ft, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(ft, "train_epoch", timed_epoch)
+    cfg = FinetuneConfig(task="three", train_size=24, subset_seed=2, seed=2, epochs=3, intermediate_task="scores")
+    result = finetune(cfg, made_task("three", 3, 2), tiny, intermediate=made_task("scores", 1, 1),
+                      save=lambda state: clock.__setitem__(0, clock[0] + 100.0))
+    assert result["train_seconds"] == 6.0  # three epochs of each round
+    assert result["wall_seconds"] == 406.0  # and the four checkpoints

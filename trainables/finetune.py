@@ -392,20 +392,21 @@ def finetune_intermediate(model, cfg: FinetuneConfig, intermediate: TokenizedTas
     if resume is not None:
         done, progress = load_training_state(resume, first, optimizer, scheduler, rng)
         start = [[w.to(compute.device) for w in layer] for layer in resume["start_weights"]]
-    tick = time.perf_counter()
     for epoch in range(done + 1, cfg.epochs + 1):
+        # Each epoch timed on its own, as the final task's: a checkpoint's writing (and Tune's copy of it before its
+        # report returns) is no training time.
+        tick = time.perf_counter()
         stats = train_epoch(first, intermediate.train, rows, cfg, optimizer, scheduler, rng, compute)
+        compute.synchronize()
+        progress.train_seconds += time.perf_counter() - tick
         progress.flops += stats.flops
         if not (math.isfinite(stats.loss) and finite_weights(first)):
             break  # diverged: the final task's first epoch finds its weights so and stops the trial there
         if save is not None and epoch < cfg.epochs:
-            now = time.perf_counter()
-            save({**training_state(epoch, first, optimizer, scheduler, rng, dataclasses.replace(
-                progress, train_seconds=progress.train_seconds + now - tick,
-                wall_seconds=progress.wall_seconds + now - started), start), "phase": INTERMEDIATE})
+            kept = dataclasses.replace(progress, wall_seconds=progress.wall_seconds + time.perf_counter() - started)
+            save({**training_state(epoch, first, optimizer, scheduler, rng, kept, start), "phase": INTERMEDIATE})
             if report is not None:
                 report({"status": "ok", "epoch": 0, "intermediate_epoch": epoch, "intermediate_train_loss": stats.loss})
-    progress.train_seconds += time.perf_counter() - tick
     model.base_model.load_state_dict(first.base_model.state_dict())
     return Progress(flops=progress.flops, train_seconds=progress.train_seconds, wall_seconds=progress.wall_seconds,
                     phase_one={"intermediate_weight_distance": weight_distance(start, first)})
@@ -439,8 +440,11 @@ def finetune(
     apply_ablation(cfg.ablation, model, cfg.seed)
     compute = Compute(pick_device(cfg.gpu_fraction), cfg.precision, int(pretrained.config.pad_token_id or 0),
                       flop_shape(model))
-    progress = Progress()
+    progress, restarted_at = Progress(), 0
     if resume is not None and resume.get("phase") == INTERMEDIATE:  # saved in the first phase: it goes on there
+        # The row's resumed_from_epoch counts it back from the final task's start (that round's epoch e of E is
+        # e - E): 0 says a run never restarted, and progress views read the share done before from it.
+        restarted_at = int(resume["epoch"]) - cfg.epochs
         progress, resume = finetune_intermediate(model, cfg, intermediate, pretrained, compute, save, report,
                                                  resume), None
     elif cfg.intermediate_task is not None and resume is None:  # a final task's saved state is past that phase
@@ -456,12 +460,13 @@ def finetune(
     resumed_from = 0
     if resume is not None:
         resumed_from, progress = load_training_state(resume, model, optimizer, scheduler, rng)
+        restarted_at = resumed_from
         if "start_weights" in resume:  # rebuilt above without the intermediate phase: not where the task started
             start_weights = [[w.to(compute.device) for w in layer] for layer in resume["start_weights"]]
     fixed = {"epochs": cfg.epochs, "metric_name": data.metric, "model_type": pretrained.model_type, **data.columns(),
              "max_grad_norm": cfg.max_grad_norm, "eval_every": cfg.eval_every, "precision": cfg.precision,
              "cuda_graphs": False, "triton_kernels": False, "recipe_version": RECIPE_VERSION,
-             "resumed_from_epoch": resumed_from}
+             "resumed_from_epoch": restarted_at}
     if cfg.layer_lr_multipliers is not None:  # what the optimizer really got, layers 1..L
         fixed["layer_lrs"] = [g["initial_lr"] for g in optimizer.param_groups
                               if g["name"].startswith("layer_") and not g["name"].endswith("/no-decay")]
