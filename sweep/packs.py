@@ -156,9 +156,9 @@ def resumed_packs(todo: list[dict], known: dict[str, dict], earlier: list[list[s
     other packs as soon as one member's row had landed (it diverged, or its group finished before the others),
     and they would start over. A pack is formed again when one of its members is still to run (`todo`), all of
     them are to run or have rows that stand (`known`, by trial_id; a trial of neither would train along and lose
-    its row), it holds at most `size` (None: any number), and no newer pack claimed one of them. Members whose rows stand train
-    along as they did; their rows are not written again. Returns (those packs, the trials left to group, the ids
-    of the members whose rows stand)."""
+    its row), it holds at most `size` (None: any number), and no newer pack claimed one of them. Members whose
+    rows stand train along as they did; their rows are not written again. Returns (those packs, the trials left
+    to group, the ids of the members whose rows stand)."""
     waiting = {t["trial_id"] for t in todo}
     claimed: set[str] = set()
     units, standing = [], set()
