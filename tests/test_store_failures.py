@@ -257,7 +257,9 @@ def test_a_live_holder_on_a_host_whose_clock_lags_keeps_the_lock(tmp_path, monke
     # was taken from it while it wrote. What shows a holder gone is a lock that stops changing.
     from sweep import lock
 
-    monkeypatch.setattr(lock, "STALE", 0.4)
+    # 2 s: a holder thread starved for 0.4 s under a loaded CI machine's suite once looked gone. The window below
+    # stays 1 s, within which the heartbeat's ten-minute lag alone took the lock before.
+    monkeypatch.setattr(lock, "STALE", 2.0)
     folder = tmp_path / "sweep"
     folder.mkdir()
     beating = threading.Event()
