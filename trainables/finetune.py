@@ -323,6 +323,23 @@ class Progress:
                 **self.phase_one}
 
 
+def timed_epoch(model, split: TokenizedSplit, rows, cfg: FinetuneConfig, optimizer, scheduler, rng, compute: Compute,
+                progress: Progress) -> EpochStats:
+    """`train_epoch`, its seconds and FLOPs added to `progress`: each epoch timed on its own, so that a
+    checkpoint's writing (and Tune's copy of it before its report returns) is no training time."""
+    tick = time.perf_counter()
+    stats = train_epoch(model, split, rows, cfg, optimizer, scheduler, rng, compute)
+    compute.synchronize()
+    progress.train_seconds += time.perf_counter() - tick
+    progress.flops += stats.flops
+    return stats
+
+
+def saved_start(state: dict, device) -> list[list[torch.Tensor]]:
+    """The layers' weights a saved run measures its weight change from (`training_state`'s start_weights)."""
+    return [[w.to(device) for w in layer] for layer in state["start_weights"]]
+
+
 def training_state(epoch: int, model, optimizer, scheduler, rng, progress: Progress,
                    start_weights: list[list[torch.Tensor]] | None = None) -> dict:
     """All a run needs to continue after `epoch` as if it had never stopped: weights, optimizer and schedule,
@@ -391,15 +408,9 @@ def finetune_intermediate(model, cfg: FinetuneConfig, intermediate: TokenizedTas
     done, progress = 0, Progress()
     if resume is not None:
         done, progress = load_training_state(resume, first, optimizer, scheduler, rng)
-        start = [[w.to(compute.device) for w in layer] for layer in resume["start_weights"]]
+        start = saved_start(resume, compute.device)
     for epoch in range(done + 1, cfg.epochs + 1):
-        # Each epoch timed on its own, as the final task's: a checkpoint's writing (and Tune's copy of it before its
-        # report returns) is no training time.
-        tick = time.perf_counter()
-        stats = train_epoch(first, intermediate.train, rows, cfg, optimizer, scheduler, rng, compute)
-        compute.synchronize()
-        progress.train_seconds += time.perf_counter() - tick
-        progress.flops += stats.flops
+        stats = timed_epoch(first, intermediate.train, rows, cfg, optimizer, scheduler, rng, compute, progress)
         if not (math.isfinite(stats.loss) and finite_weights(first)):
             break  # diverged: the final task's first epoch finds its weights so and stops the trial there
         if save is not None and epoch < cfg.epochs:
@@ -408,8 +419,8 @@ def finetune_intermediate(model, cfg: FinetuneConfig, intermediate: TokenizedTas
             if report is not None:
                 report({"status": "ok", "epoch": 0, "intermediate_epoch": epoch, "intermediate_train_loss": stats.loss})
     model.base_model.load_state_dict(first.base_model.state_dict())
-    return Progress(flops=progress.flops, train_seconds=progress.train_seconds, wall_seconds=progress.wall_seconds,
-                    phase_one={"intermediate_weight_distance": weight_distance(start, first)})
+    progress.phase_one = {"intermediate_weight_distance": weight_distance(start, first)}
+    return progress
 
 
 def training_split(cfg: FinetuneConfig, data: TokenizedTask):
@@ -462,7 +473,7 @@ def finetune(
         resumed_from, progress = load_training_state(resume, model, optimizer, scheduler, rng)
         restarted_at = resumed_from
         if "start_weights" in resume:  # rebuilt above without the intermediate phase: not where the task started
-            start_weights = [[w.to(compute.device) for w in layer] for layer in resume["start_weights"]]
+            start_weights = saved_start(resume, compute.device)
     fixed = {"epochs": cfg.epochs, "metric_name": data.metric, "model_type": pretrained.model_type, **data.columns(),
              "max_grad_norm": cfg.max_grad_norm, "eval_every": cfg.eval_every, "precision": cfg.precision,
              "cuda_graphs": False, "triton_kernels": False, "recipe_version": RECIPE_VERSION,
@@ -472,11 +483,7 @@ def finetune(
                               if g["name"].startswith("layer_") and not g["name"].endswith("/no-decay")]
     result: dict = {}
     for epoch in range(resumed_from + 1, cfg.epochs + 1):
-        tick = time.perf_counter()
-        stats = train_epoch(model, data.train, rows, cfg, optimizer, scheduler, rng, compute)
-        compute.synchronize()
-        progress.train_seconds += time.perf_counter() - tick
-        progress.flops += stats.flops
+        stats = timed_epoch(model, data.train, rows, cfg, optimizer, scheduler, rng, compute, progress)
         progress.clipped_steps += stats.clipped_steps
         # Then its dev metric would mean nothing. An epoch's last update can leave inf or nan weights after a
         # finite loss (a non-finite gradient, an overflowing step), which no loss of this epoch shows.
