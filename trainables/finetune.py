@@ -385,14 +385,16 @@ INTERMEDIATE = "intermediate"
 
 
 def finetune_intermediate(model, cfg: FinetuneConfig, intermediate: TokenizedTask, pretrained: Pretrained,
-                          compute: Compute, save: Callable[[dict], None] | None = None,
+                          compute: Compute, save: Callable[[dict], bool | None] | None = None,
                           report: Callable[[dict], None] | None = None, resume: dict | None = None) -> Progress:
     """Sequential finetuning's first phase: the whole recipe on the intermediate task (its own subset of the
     same size, its own head), then its encoder goes on in `model`, under the final task's fresh head.
     Returns the phase's figures: FLOPs, training seconds, the wall seconds of the runs before a resume, and the
     per-layer weight change of this phase (`phase_one`). `save`, if given, receives at every epoch end but the
-    last the phase's state, and `report` then an epoch-0 result naming the phase's epoch (Tune keeps a checkpoint
-    only with a report): an intermediate round of a large subset takes hours, which a lost node no longer costs.
+    last the phase's state, and when it says it wrote it, `report` then an epoch-0 result naming the phase's epoch
+    (Tune keeps a checkpoint only with a report; without one the report would only be Tune's first result, whose
+    keys fix the trial's progress.csv columns): an intermediate round of a large subset takes hours, which a lost
+    node no longer costs.
     `resume`: such a state, to go on from."""
     if intermediate is None or intermediate.task != cfg.intermediate_task:
         raise ValueError(f"intermediate_task '{cfg.intermediate_task}' needs its tokenized data")
@@ -415,8 +417,8 @@ def finetune_intermediate(model, cfg: FinetuneConfig, intermediate: TokenizedTas
             break  # diverged: the final task's first epoch finds its weights so and stops the trial there
         if save is not None and epoch < cfg.epochs:
             kept = dataclasses.replace(progress, wall_seconds=progress.wall_seconds + time.perf_counter() - started)
-            save({**training_state(epoch, first, optimizer, scheduler, rng, kept, start), "phase": INTERMEDIATE})
-            if report is not None:
+            state = {**training_state(epoch, first, optimizer, scheduler, rng, kept, start), "phase": INTERMEDIATE}
+            if save(state) and report is not None:
                 report({"status": "ok", "epoch": 0, "intermediate_epoch": epoch, "intermediate_train_loss": stats.loss})
     model.base_model.load_state_dict(first.base_model.state_dict())
     progress.phase_one = {"intermediate_weight_distance": weight_distance(start, first)}
@@ -438,13 +440,14 @@ def finetune(
     pretrained: Pretrained,
     report: Callable[[dict], None] | None = None,
     intermediate: TokenizedTask | None = None,
-    save: Callable[[dict], None] | None = None,
+    save: Callable[[dict], bool | None] | None = None,
     resume: dict | None = None,
 ) -> dict:
     """Finetune and evaluate; returns the last epoch's figures (the same dict last passed to `report`).
     `intermediate` is the tokenized intermediate task when `cfg.intermediate_task` is set.
     `save`, if given, receives at every epoch end but the last, just before `report`, the training state
-    (`training_state`) from which `resume=` continues the run exactly as if it had never stopped."""
+    (`training_state`) from which `resume=` continues the run exactly as if it had never stopped; it returns
+    whether it wrote it (a sequential trial's intermediate round reports only then: finetune_intermediate)."""
     started = time.perf_counter()
     torch.set_num_threads(max(1, cfg.threads))
     model = build_model(pretrained, data, cfg.seed)

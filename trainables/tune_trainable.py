@@ -46,20 +46,19 @@ class EpochCheckpoints:
         self.last = time.monotonic()
         self.pending: str | None = None
 
-    def save(self, state: dict) -> None:
+    def save(self, state: dict) -> bool:
+        """Whether the state was written (it goes to Tune with the next report)."""
         if self.every is None or time.monotonic() - self.last < self.every:
-            return
+            return False
         self.pending = tempfile.mkdtemp(prefix="reinit-sweep-checkpoint-")
         state_files.save_state(self.pending, state)
+        return True
 
     def report(self, result: dict) -> None:
         from ray import tune
 
         if self.pending is None:
-            # A sequential trial's first-phase report (finetune_intermediate) is there to carry a checkpoint: without
-            # one it would only be Tune's first result, whose keys fix its progress.csv's columns for the trial.
-            if not result.get("intermediate_epoch"):
-                self.report_to_tune(result)
+            self.report_to_tune(result)
             return
         try:  # Tune copies the folder to the sweep's storage before report returns
             self.report_to_tune(result, checkpoint=tune.Checkpoint.from_directory(self.pending))
