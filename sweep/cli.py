@@ -680,7 +680,9 @@ def planned_and_run(sweep: Sweep, argv, callbacks, dry_run: bool):
         if todo:
             extra = {"callbacks": list(callbacks)} if callbacks else {}
             # A resume forms earlier packs again whole: with members whose rows stand, never with other trials.
-            known = landed_or_todo(planned.specs, finished_trial_ids(folder), todo) if sweep.run.resume else ()
+            # plan_trials left out of todo exactly the specs with finished rows, so every spec is one or the other
+            # (a search plans otherwise, but its runner takes no `known`): the store is not read again.
+            known = planned.specs if sweep.run.resume else ()
             results = run(todo, sweep.grid, sweep, folder, planned.pretrained, planned.raw, known=known, **extra)
     finally:
         stop_ray(planned.ray_started)
