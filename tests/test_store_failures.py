@@ -257,12 +257,12 @@ def test_a_live_holder_on_a_host_whose_clock_lags_keeps_the_lock(tmp_path, monke
     # was taken from it while it wrote. What shows a holder gone is a lock that stops changing.
     from sweep import lock
 
-    # 2 s: a holder thread starved for 0.4 s under a loaded CI machine's suite once looked gone. The window below
+    # 2 s: a holder thread starved for 0.4 s under a loaded CI machine's suite could look gone. The window below
     # stays 1 s, within which the heartbeat's ten-minute lag alone took the lock before.
     monkeypatch.setattr(lock, "STALE", 2.0)
     folder = tmp_path / "sweep"
     folder.mkdir()
-    beating = threading.Event()
+    beating, holding = threading.Event(), threading.Event()
     beating.set()
 
     def holder():  # renews the lock every 0.05 s, its clock ten minutes behind
@@ -272,10 +272,14 @@ def test_a_live_holder_on_a_host_whose_clock_lags_keeps_the_lock(tmp_path, monke
             claim = {"host": "another-host", "pid": 1, "command": "held", "token": "t", "heartbeat": time.time() - 600,
                      "beat": beat}
             lock._write_local(str(folder / lock.LOCK), claim, replace=True)
+            holding.set()
             time.sleep(0.05)
 
     renewing = threading.Thread(target=holder, daemon=True)
     renewing.start()
+    # The taker starts once the lock is there: on a loaded machine a thread's first write can come late, and a
+    # taker that found no lock simply took it (CI failed so, at b3a1de7, with STALE already 2 s).
+    assert holding.wait(10)
     got = []
 
     def take():
