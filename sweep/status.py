@@ -13,6 +13,7 @@ import argparse
 import datetime
 import hashlib
 import json
+import platform
 import shlex
 import time
 
@@ -20,7 +21,7 @@ import pandas as pd
 import pyarrow.fs
 
 from sweep.estimate import remaining_line
-from sweep.lock import LOCK, read_lock, why_gone
+from sweep.lock import HEARTBEAT, LOCK, STALE, read_lock, why_gone
 from sweep.store import filesystem, join, location, rows_dir, sweep_dir
 from trialrows.precision import PILOT, precision_outcomes
 from trialrows.read import QUARANTINE, quarantine_file
@@ -182,16 +183,24 @@ def status(storage: str, name: str) -> str:
                      "change to them since is not detected for those trials")
     holder = read_lock(fs, f"{path}/{LOCK}")
     if holder is not None:
-        lines.append(lock_line(holder))
+        lines.append(lock_line(holder, fs.get_file_info(f"{path}/{LOCK}").mtime, time.time()))
     return "\n".join(lines)
 
 
-def lock_line(holder: dict) -> str:
+def lock_line(holder: dict, renewed: datetime.datetime | None, now: float) -> str:
     """Who holds the sweep's lock, or that its holder is gone: a killed driver leaves its lock behind, and that
-    sweep is not running, whatever the file says (the next command takes it over, sweep.lock)."""
+    sweep is not running, whatever the file says (the next command takes it over, sweep.lock). `renewed`: the
+    lock file's last change, by the storage's clock."""
     since = f", since {holder['started_at']}" if holder.get("started_at") else ""
     who = f"`{holder.get('command')}` on {holder.get('host')} (pid {holder.get('pid')}{since})"
-    gone = why_gone(holder, time.time())
+    if holder.get("host") != platform.node():
+        # Its heartbeat is stamped by its own clock, which may run minutes apart from this one's: one look cannot
+        # tell a live holder from a gone one, and a command for the sweep waits for the lock to stop changing.
+        age = "" if renewed is None else (f"; its lock was last renewed {now - renewed.timestamp():.0f} s ago by the "
+                                          f"storage's clock (every {HEARTBEAT:.0f} s while it runs)")
+        return (f"held by {who}, another host{age}: the next command for this sweep waits for it, and takes the lock "
+                f"over once it stays unrenewed for {STALE:.0f} s")
+    gone = why_gone(holder, now)
     if gone:
         return (f"a lock left by {who}: {gone}; nothing writes this sweep now, and the next command for it takes the "
                 "lock over")

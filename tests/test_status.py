@@ -114,6 +114,29 @@ def test_status_says_a_lock_whose_holder_is_gone_is_left_behind_not_being_writte
             assert last.startswith("being written now by `python -m sweep x`")
 
 
+def test_status_does_not_call_a_lock_of_another_host_whose_clock_lags_left_behind(tmp_path, capsys):
+    # Its heartbeat, ten minutes behind by its own clock, read as "nothing writes this sweep now, and the next
+    # command takes the lock over", while that command would wait for the live holder (sweep.lock).
+    import json
+    import re
+    import time
+
+    from sweep.lock import LOCK, STALE
+    from sweep.status import record_plan
+
+    where = sweep_dir(str(tmp_path), "sw")
+    record_plan(where, ["incremental"], "incremental", [{"trial_id": "t0", "experiment": "incremental", "task": "sst2",
+                                                         "train_size": 500}], ("ok", "diverged"))
+    (tmp_path / "sw" / LOCK).write_text(json.dumps({"host": "another-host", "pid": 7, "command": "python -m sweep x",
+                                                    "heartbeat": time.time() - 600}))
+    assert main(["status", "--storage", str(tmp_path), "sw"]) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert re.fullmatch(r"held by `python -m sweep x` on another-host \(pid 7\), another host; its lock was last "
+                        r"renewed [0-2] s ago by the storage's clock \(every 20 s while it runs\): the next command "
+                        rf"for this sweep waits for it, and takes the lock over once it stays unrenewed for "
+                        rf"{STALE:.0f} s", last), last
+
+
 def test_status_of_a_sweep_whose_recorded_grid_was_damaged_says_so(tmp_path, capsys):
     from sweep.status import record_plan
 
