@@ -40,3 +40,29 @@ def test_other_exceptions_in_callbacks_are_still_reported():
     quiet = run("quiet", "broken")
     assert "Exception ignored" in quiet.stderr and "a real bug in a callback" in quiet.stderr
     assert quiet.stdout == "went on\n"
+
+
+CHECKPOINT_SCRIPT = textwrap.dedent("""
+    import importlib, inspect, logging, sys
+    from trainables.worker import CHECKPOINT_LOGGERS, quiet_worker
+
+    logging.basicConfig(level=logging.INFO)  # as a trial's process logs
+    modules = [importlib.import_module(name) for name in CHECKPOINT_LOGGERS]
+    # The loggers quieted are the ones Ray's checkpoint line comes from: a Ray that moved it fails here.
+    assert all(m.logger.name == m.__name__ and "Checkpoint successfully created" in inspect.getsource(m)
+               for m in modules)
+    if sys.argv[1] == "quiet":
+        quiet_worker()
+    for m in modules:
+        m.logger.info("Checkpoint successfully created at: somewhere")
+        m.logger.warning("a real warning")
+""")
+
+
+def test_a_trials_checkpoints_log_no_line_each_and_warnings_still_show():
+    # A line per checkpoint per trial, forwarded by the driver: thousands in a paper grid between the progress lines.
+    loud, quiet = (subprocess.run([sys.executable, "-c", CHECKPOINT_SCRIPT, mode], capture_output=True, text=True,
+                                  timeout=120) for mode in ("plain", "quiet"))
+    assert loud.returncode == 0 and loud.stderr.count("Checkpoint successfully created") == 2, loud.stderr
+    assert quiet.returncode == 0 and "Checkpoint successfully created" not in quiet.stderr, quiet.stderr
+    assert quiet.stderr.count("a real warning") == 2

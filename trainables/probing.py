@@ -50,7 +50,7 @@ from trainables.finetune import pick_device
 from trainables.metrics import chance_figures, compute_metrics
 from trainables.models import Pretrained, build_classifier, pooler, pretrained_pooler
 from trainables.rows import make_row, where_it_runs, with_ended
-from trainables.worker import quiet_stop_in_callbacks
+from trainables.worker import quiet_worker
 from trialrows.experiments import PROBE_KINDS as PROBES  # the row vocabulary, declared once
 from trialrows.recipe import PRECISIONS, resolve_precision
 # Which cached feature each probe reads: the two [CLS] probes differ in their head, not their input.
@@ -347,7 +347,7 @@ def probing_trainable(config: dict, data: dict, pretrained: dict) -> None:
     carrying that probe's row (trainables.rows) and `row_id`, its trial_id."""
     from ray import tune
 
-    quiet_stop_in_callbacks()
+    quiet_worker()
     group = config["trial"]
     resources = tune.get_context().get_trial_resources().required_resources
     cfg = ProbeConfig(**group["probe"], gpu_fraction=resources.get("GPU", 0.0), threads=int(resources.get("CPU", 1)))

@@ -21,7 +21,7 @@ from trainables import state as state_files
 from trainables.ablations import ablation_from_dict
 from trainables.finetune import FinetuneConfig, finetune
 from trainables.rows import make_row, where_it_runs, with_ended
-from trainables.worker import quiet_stop_in_callbacks
+from trainables.worker import quiet_worker
 
 STATE_FILE = state_files.STATE_FILE  # in a checkpoint's folder: it holds a training state (trainables.state)
 # Test-only fault injection: a trial on its first attempt dies (as a preempted machine would) right after
@@ -230,7 +230,7 @@ def finetune_trainable(config: dict, data: dict, pretrained: dict, checkpoint_ev
     learn the figures they would have."""
     from ray import tune
 
-    quiet_stop_in_callbacks()
+    quiet_worker()
     trial = config["trial"]
     if "pack" in trial:
         run_pack(trial, data, pretrained, checkpoint_every, resume_from)

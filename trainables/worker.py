@@ -22,3 +22,19 @@ def quiet_stop_in_callbacks() -> None:
 
     hook.quiet_stop = True
     sys.unraisablehook = hook
+
+
+# Ray Tune's function trainables persist checkpoints through Ray Train's storage module, which logs a line per
+# checkpoint at INFO from the trial's process; the driver forwards each one. With a checkpoint every epoch that is
+# one line per trial-epoch (thousands in a paper grid) between the sweep's own progress lines, which already say
+# how far each trial got. Warnings and errors of the same loggers still show.
+CHECKPOINT_LOGGERS = ("ray.train._internal.storage", "ray.train.v2._internal.execution.storage")
+
+
+def quiet_worker() -> None:
+    """What a trial's process quiets before it trains: SystemExit in callbacks, and the per-checkpoint lines."""
+    import logging
+
+    quiet_stop_in_callbacks()
+    for name in CHECKPOINT_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
