@@ -730,11 +730,11 @@ def precision_sweep(planned, sweep, argv, folder, num_layers: int, callbacks=())
         done = finished_trial_ids(folder)
         todo = [s for s in second if s.trial_id not in done]
         print(stage_two_text(table, second, todo, target), flush=True)
-        # --resume goes on from earlier checkpoints once: in the first stage that ran trials.
-        resume = sweep.run.resume and not ray_session.ran
+        # --resume in both stages: a trial goes on from its own checkpoints, found by its id, and the two stages
+        # share none. A pilot retried first (one that failed, while another condition's stage 2 ran) made the
+        # stage-2 trials of the run before start over.
         if todo:
-            ray_session.run(todo, dataclasses.replace(sweep, run=dataclasses.replace(sweep.run, resume=resume)),
-                            folder, raw, known=landed_or_todo(specs, done, todo))
+            ray_session.run(todo, sweep, folder, raw, known=landed_or_todo(specs, done, todo))
     finally:
         ray_session.close()
     rows, code = report(folder, {s.trial_id for s in [*pilot, *second]}, lambda found: end_table(found, target))
@@ -754,7 +754,7 @@ class RaySession:
     down at the end; the pretrained weights are those the plan loaded."""
 
     def __init__(self, sweep, pretrained, callbacks=()):
-        self.sweep, self.pretrained, self.callbacks, self.owned, self.ran = sweep, pretrained, callbacks, False, False
+        self.sweep, self.pretrained, self.callbacks, self.owned = sweep, pretrained, callbacks, False
 
     def run(self, todo, sweep, folder, raw, known=()) -> None:
         import ray
@@ -763,7 +763,6 @@ class RaySession:
             start_ray(self.sweep.run.address)
             self.owned = True
         run(todo, sweep.grid, sweep, folder, self.pretrained, raw, callbacks=self.callbacks, known=known)
-        self.ran = True
 
     def close(self) -> None:
         if self.owned:
