@@ -966,6 +966,7 @@ def report(folder: Path, grid_ids: set[str], table=None):
     (the rows, the exit code)."""
     import pandas as pd
 
+    from analysis.format import readable
     from trialrows.read import read_results
     from trialrows.summaries import condition_table
 
@@ -975,9 +976,10 @@ def report(folder: Path, grid_ids: set[str], table=None):
         rows = pd.DataFrame(columns=["trial_id", "status"])
     rows = rows[rows["trial_id"].isin(grid_ids)] if len(rows) else rows
     statuses = rows["status"].value_counts().to_dict() if len(rows) else {}
-    print(f"\nresults: {folder} ({len(rows)} of {len(grid_ids)} trials; {statuses})")
-    if len(rows):
-        print((table or condition_table)(rows).to_string(index=False, float_format=lambda x: f"{x:.4f}"))
+    counts = "".join(f"; {status} {n}" for status, n in statuses.items())
+    print(f"\nresults: {folder} ({len(rows)} of {len(grid_ids)} trials{counts})")
+    if len(rows):  # as `analysis report` shows it: the interval in one column, counts as counts, empty ones left out
+        print(readable((table or condition_table)(rows)).to_string(index=False))
     return rows, 0 if len(rows) == len(grid_ids) and statuses.get("error", 0) == 0 else 1
 
 

@@ -201,3 +201,22 @@ def test_tables_and_figures_show_chance_and_count_the_trials_at_it():
     assert readable(one_pair).loc[0, "wilcoxon_p"] == "n/a"
     three = paired_differences(rows)
     assert three.loc[0, "pairs"] == 3 and three.loc[0, "note"] == "3 pairs: no p below 0.25 is possible"
+
+
+def test_the_sweeps_closing_table_reads_as_the_reports_does(tmp_path, capsys):
+    # It printed the raw table: counts as floats ("at_chance 2.0000"), the interval as two columns beside ±2 std's
+    # two, and the statuses as a Python dict.
+    from sweep.cli import report
+
+    metrics = [0.4908, 0.5092, 0.61, 0.80, 0.82, 0.79]
+    for i, metric in enumerate(metrics):
+        write_row(tmp_path, make_row({"trial_id": f"t{i}", "experiment": "incremental", "task": "sst2", "model": "m",
+                                      "train_size": 200, "k": 4 * (i >= 3), "metric_name": "accuracy"},
+                                     {"dev_metric": metric, "dev_chance_metric": 0.5092,
+                                      "dev_constant_prediction": float(i < 2)}, "ok"))
+    assert report(tmp_path, {f"t{i}" for i in range(6)})[1] == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == f"results: {tmp_path} (6 of 6 trials; ok 6)"
+    header, k0 = out[2].split(), out[3].split()
+    assert "ci95_low" not in header and header[-4:] == ["95%", "CI", "chance", "at_chance"]
+    assert k0[-1] == "2" and k0[-6] == f"{np.mean(metrics[:3]):.4f}"
