@@ -119,7 +119,19 @@ def test_sequential_weight_change_is_measured_from_the_final_tasks_start(pretrai
     assert all(d > 0 for d in result["intermediate_weight_distance"])
 
 
-def test_dev_is_evaluated_after_the_last_epoch_unless_asked_and_that_changes_no_number(pretrained, synthetic):
+def test_dev_is_evaluated_after_the_last_epoch_unless_asked_and_that_changes_no_number(pretrained, synthetic,
+                                                                                       monkeypatch):
+    import types
+
+    # A clock that moves 1 s an evaluation: one evaluation stalled on a loaded machine took longer than three.
+    clock, evaluate = [0.0], ft.evaluate
+
+    def timed_evaluation(*args, **kwargs):
+        clock[0] += 1.0
+        return evaluate(*args, **kwargs)
+
+    monkeypatch.setattr(ft, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(ft, "evaluate", timed_evaluation)
     base = dict(task="synthetic", train_size=32, subset_seed=0, seed=0, epochs=3, lr=1e-3)
     last = finetune(FinetuneConfig(**base), synthetic, pretrained)
     every = finetune(FinetuneConfig(**base, eval_every=1), synthetic, pretrained)
@@ -128,7 +140,7 @@ def test_dev_is_evaluated_after_the_last_epoch_unless_asked_and_that_changes_no_
     assert last["dev_metrics_by_epoch"] == [every["dev_metrics_by_epoch"][-1]] == [last["dev_metric"]]
     assert second["dev_metrics_by_epoch"] == every["dev_metrics_by_epoch"][1:]
     assert last["train_loss"] == every["train_loss"] and last["weight_distance"] == every["weight_distance"]
-    assert last["eval_seconds"] < every["eval_seconds"]
+    assert (last["eval_seconds"], every["eval_seconds"]) == (1.0, 3.0)
 
 
 def test_probing_paper_preset_probes_full_training_splits(tiny_bert, capsys):

@@ -192,10 +192,19 @@ def test_trials_waiting_for_a_core_of_the_commands_own_ray_are_not_called_infeas
     import sys
     from pathlib import Path
 
-    script = ("import time, ray\n"
+    script = ("import sys, time, ray\n"
               "from ray._private import ray_constants\n"
               "from ray.util.placement_group import placement_group\n"
               "from sweep.cli import shutdown_ray, start_ray\n"
+              "class Shown:  # what the driver printed (Ray forwards the events to stdout), to wait for an event\n"
+              "    def __init__(self, stream):\n"
+              "        self.stream, self.text = stream, ''\n"
+              "    def write(self, text):\n"
+              "        self.text += text\n"
+              "        return self.stream.write(text)\n"
+              "    def __getattr__(self, name):\n"
+              "        return getattr(self.stream, name)\n"
+              "sys.stdout = Shown(sys.stdout)\n"
               "start_ray(None)\n"
               "log = ray._private.worker._global_node.get_logs_dir_path() + '/events/event_AUTOSCALER.log'\n"
               "def logged():\n"
@@ -213,8 +222,13 @@ def test_trials_waiting_for_a_core_of_the_commands_own_ray_are_not_called_infeas
               "waiting = [placement_group([{'CPU': 1}]) for _ in range(cores + 2)]\n"
               "seen = one_more(0)\n"
               "print('FORWARDING ON', ray_constants.AUTOSCALER_EVENTS, seen > 0, flush=True)\n"
+              "shown = len(sys.stdout.text)\n"
               "ray_constants.AUTOSCALER_EVENTS = 1\n"
-              "one_more(seen)\n"
+              # Until the driver has printed one: a fixed 3 s for it to be sent one failed whenever it came later (a
+              # loaded machine), filtered out then as forwarding was off again.
+              "deadline = time.time() + 60\n"
+              "while 'No available node types' not in sys.stdout.text[shown:] and time.time() < deadline:\n"
+              "    time.sleep(0.2)\n"
               "ray_constants.AUTOSCALER_EVENTS = 0\n"
               "shutdown_ray()\n"
               "print('AFTER', ray_constants.AUTOSCALER_EVENTS, flush=True)\n")
