@@ -131,10 +131,12 @@ def test_status_does_not_call_a_lock_of_another_host_whose_clock_lags_left_behin
                                                     "heartbeat": time.time() - 600}))
     assert main(["status", "--storage", str(tmp_path), "sw"]) == 0
     last = capsys.readouterr().out.splitlines()[-1]
-    assert re.fullmatch(r"held by `python -m sweep x` on another-host \(pid 7\), another host; its lock was last "
-                        r"renewed [0-2] s ago by the storage's clock \(every 20 s while it runs\): the next command "
-                        rf"for this sweep waits for it, and takes the lock over once it stays unrenewed for "
-                        rf"{STALE:.0f} s", last), last
+    renewed = re.fullmatch(r"held by `python -m sweep x` on another-host \(pid 7\), another host; its lock was last "
+                           r"renewed (\d+) s ago by the storage's clock \(every 20 s while it runs\): the next command "
+                           rf"for this sweep waits for it, and takes the lock over once it stays unrenewed for "
+                           rf"{STALE:.0f} s", last)
+    # The file's age, not the heartbeat's 600 s; seconds, not [0-2]: a loaded machine can stall this test that long.
+    assert renewed and int(renewed[1]) < 60, last
 
 
 def test_status_of_a_sweep_whose_recorded_grid_was_damaged_says_so(tmp_path, capsys):
