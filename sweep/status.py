@@ -95,15 +95,20 @@ def trial_table(plans: list[dict], stored: pd.DataFrame) -> pd.DataFrame:
 def cell_columns(trials: pd.DataFrame) -> list[str]:
     """The condition columns (trialrows.summaries') that tell the sweep's cells apart: task and size always, the
     others where they vary."""
+    from trialrows.conditions import groupable
     from trialrows.summaries import condition_columns
 
     # `state` is this table's own column, not a setting (the schema counts an undeclared column as one).
     columns = [c for c in condition_columns(trials.drop(columns="state")) if c != "metric_name"]
+    trials = groupable(trials)  # a permutation's layer order is a list, which pandas cannot count
     return [c for c in columns if c in ALWAYS_SHOWN or trials[c].nunique(dropna=False) > 1]
 
 
 def cell_counts(trials: pd.DataFrame) -> pd.DataFrame:
     """Per cell: its trials, and how many are done, diverged, failed (and any other status) or not yet run."""
+    from trialrows.conditions import groupable
+
+    trials = groupable(trials)  # list cells as tuples, which group
     by = cell_columns(trials)
     keys = trials[by].astype(object).where(trials[by].notna(), "-")
     keys = keys.map(lambda v: int(v) if isinstance(v, float) and v.is_integer() else v)

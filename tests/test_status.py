@@ -153,3 +153,20 @@ def test_status_of_a_sweep_whose_recorded_grid_was_damaged_says_so(tmp_path, cap
         assert "no recorded grid yet" not in out and "before `status` existed" not in out
         assert (f"its recorded grid was set aside as damaged ({tmp_path / 'sw' / 'quarantine'}/plans-{plan.name}): "
                 "trials it never ran are not counted; running its command again records it anew") in out
+
+
+def test_status_of_a_permutation_sweep_counts_its_cells_by_layer_order(tmp_path, capsys):
+    """A permutation's cell is its layer order, a list in the recorded grid and in the rows: status raised
+    `TypeError: unhashable type: 'list'` on every permutation sweep."""
+    from sweep.status import record_plan
+
+    planned = [{"trial_id": f"p{n}", "experiment": "permutation", "task": "sst2", "train_size": 64, "trial_index": 0,
+                "permutation": order} for n, order in enumerate(([2, 1, 3], [3, 1, 2]))]
+    record_plan(sweep_dir(str(tmp_path), "perm"), ["permutation"], "permutation", planned, ("ok", "diverged"))
+    write_row(rows_dir(str(tmp_path), "perm"), {**planned[0], "status": "ok", "metric_name": "accuracy",
+                                                  "dev_metric": 0.5})
+    assert main(["status", "--storage", str(tmp_path), "perm"]) == 0
+    out = capsys.readouterr().out
+    header, *cells = out.splitlines()[1:4]
+    assert "2 trials; done 1, not yet run 1" in out and "permutation" in header.split(), out
+    assert [line.split()[0] for line in cells] == ["sst2", "sst2"] and "(2, 1, 3)" in cells[0], out
