@@ -330,13 +330,18 @@ def incremental_figure(rows: pd.DataFrame) -> list[Plot]:
             _title(figure, ("Incremental reinitialization" if len(sub) else "Probing the frozen model")
                    + f", {_short('model', model)}" + _extra(part))
             both = pd.concat([x for x in (sub, probe) if len(x)])
+            if not len(sub):  # a store that probed only: the figure holds the dashed lines alone
+                what = ("Figure 2, its dashed lines only: probing the frozen model at layer k (0 = embeddings). (No "
+                        "incremental rows yet: the finetuning curves appear once the incremental experiment has run.)")
+            else:
+                what = ("Figure 2. Finetuning after keeping layers 1..k pretrained and reinitializing the rest "
+                        "(k = 0: embeddings only; k = L: the full model)"
+                        + ("; line darkness shows the subset size." if sub["train_size"].nunique() > 1 else ".")
+                        + (" Dashed: probing the frozen model at layer k (0 = embeddings)." if len(probe) else
+                           " (No probing rows yet: the dashed probing curve appears once the probing experiment has "
+                           "run.)"))
             plots.append(Plot(
-                f"fig2-incremental{'-' + slug(model) if len(models) > 1 else ''}{suffix}", figure,
-                "Figure 2. Finetuning after keeping layers 1..k pretrained and reinitializing the rest "
-                "(k = 0: embeddings only; k = L: the full model)"
-                + ("; line darkness shows the subset size." if len(sub) and sub["train_size"].nunique() > 1 else ".")
-                + (" Dashed: probing the frozen model at layer k (0 = embeddings)." if len(probe) else
-                   " (No probing rows yet: the dashed probing curve appears once the probing experiment has run.)")
+                f"fig2-incremental{'-' + slug(model) if len(models) > 1 else ''}{suffix}", figure, what
                 + " Error bars: 95% t-intervals (n-1 df)." + _stein_note(both)
                 + _one_trial_note(both) + _missing_note(sub, "k", "k =") + _excluded_note(both),
                 "incremental_figure", f"Figure 2: incremental reinitialization ({_short('model', model)}"
@@ -558,8 +563,11 @@ def _beside_incremental_figure(table, rows, column, labels, name, title, caption
         _legend(figure, axes)
         _title(figure, f"{title}, {_short('model', first['model'])}, {int(first['train_size']):,} examples"
                + _extra(part))
+        # the caption promises the grid it is compared with; a store may hold this one alone
+        alone = (f" Only {labels(values[0])} here: the store has no rows to compare with at these settings."
+                 if len(values) == 1 else "")
         plots.append(Plot(f"{name}{suffix}", figure,
-                          caption + _one_trial_note(sub) + _missing_note(sub, "k", "k =") + _excluded_note(sub),
+                          caption + alone + _one_trial_note(sub) + _missing_note(sub, "k", "k =") + _excluded_note(sub),
                           function, f"{caption.split('.')[0]}: {title[0].lower() + title[1:]} ({_context(sub, part)})"))
     return plots
 
@@ -786,6 +794,8 @@ def experiment_figure(rows: pd.DataFrame, experiment: str) -> list[Plot]:
             _reference_lines(ax, refs)
             _task_axes(ax, task, _metric(here), rows)
             ax.set_xticks(np.arange(len(ticks)), [str(t) for t in ticks])
+            # a tick's width whatever their number: one tick alone left the axis as wide as the series' offsets
+            ax.set_xlim(-0.5, len(ticks) - 0.5 + 0.1 * (len(series) - 1))
             ax.set_xlabel(view.x or "", fontsize=8.5)
         _legend(fig, axes)
         _title(fig, f"{view.title}, {_short('model', first['model'])}, {int(first['train_size']):,} examples"
@@ -836,9 +846,12 @@ def probing_figure(rows: pd.DataFrame) -> list[Plot]:
         both = pd.concat([x for x in (probe, tuned) if len(x)])
         plots.append(Plot(
             f"probing-vs-incremental{'-' + slug(model) if len(models) > 1 else ''}", figure,
-            "Probing the frozen model at each layer (orange; 0 = the embeddings output) beside finetuning with "
-            "layers 1..k pretrained and the rest reinitialized (blue), on the same tasks and subset sizes; the "
-            "paper's claim is that the two agree more as data gets scarcer. Error bars: 95% t-intervals (n-1 df)."
+            ("Probing the frozen model at each layer (orange; 0 = the embeddings output) beside finetuning with "
+             "layers 1..k pretrained and the rest reinitialized (blue), on the same tasks and subset sizes; the "
+             "paper's claim is that the two agree more as data gets scarcer." if len(tuned) else
+             "Probing the frozen model at each layer (orange; 0 = the embeddings output). (No incremental rows "
+             "yet: the finetuning curves to compare with appear once the incremental experiment has run.)")
+            + " Error bars: 95% t-intervals (n-1 df)."
             + _stein_note(both) + _one_trial_note(both) + _missing_note(probe, "layer", "layer") + _excluded_note(both),
             "probing_figure", f"Probing vs finetuning by layer ({_short('model', model)})"))
     return plots

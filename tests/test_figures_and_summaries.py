@@ -247,3 +247,44 @@ def test_figures_split_by_a_setting_say_it_in_their_own_titles():
     rows = prepare(pd.DataFrame(rows))
     for plots in (F.permutation_figure(rows), F.sequential_figure(rows)):
         assert [p.figure._suptitle.get_text().endswith(f"(epochs={e})") for p, e in zip(plots, (3, 10))] == [True] * 2
+
+
+def test_a_fingerprint_each_task_implies_is_no_column_of_its_own():
+    """Two tasks read two data sets: every table of a two-task sweep showed data_fingerprint beside task, a hash
+    that split nothing. Data that changed within a task still splits its condition, and says so."""
+    rows = [row(f"{task}{t}", task=task, t=t, data_fingerprint=f"d-{task}", model_fingerprint="m")
+            for task in ("sst2", "cola") for t in range(2)]
+    assert "data_fingerprint" not in condition_table(prepare(pd.DataFrame(rows))).columns
+    rows.append(row("sst2-new", task="sst2", t=2, data_fingerprint="d-sst2-edited", model_fingerprint="m"))
+    table = condition_table(prepare(pd.DataFrame(rows)))
+    assert "data_fingerprint" in table.columns and len(table) == 3
+
+
+def test_a_point_stands_at_its_tick_when_the_axis_has_one():
+    # `sublayer --layers 3`: the axis spanned the series' 0.1 offset alone, so feed-forward's point stood at the
+    # right edge of the panel, a whole panel away from the tick "3" that attention's point stood on.
+    rows = [row(f"{part}-{t}", experiment="sublayer", k=None, t=t, layer=3, sublayer=part, reinit_layers=[],
+                value=0.5 + 0.01 * t) for part in ("attention", "feed-forward") for t in range(2)]
+    (plot,) = F.experiment_figure(prepare(pd.DataFrame(rows)), "sublayer")
+    ax = plot.figure.axes[0]
+    low, high = ax.get_xlim()
+    (tick,) = ax.get_xticks()
+    for label in ("attention", "feed-forward"):
+        (x,), _ = lines(plot)[label]
+        assert abs(x - tick) / (high - low) < 0.15, (label, x, tick, (low, high))
+
+
+def test_a_caption_names_no_curve_the_store_has_no_rows_for():
+    # A probing-only store's Figure 2 was captioned "Finetuning after keeping layers 1..k pretrained ..." and its
+    # probing-vs-incremental figure "beside finetuning (blue)"; a reinit-lr-only store's Figure 7 "beside the same
+    # cells at one rate": curves that were not drawn.
+    probes = probing_rows()
+    for plot in [*F.incremental_figure(probes), *F.probing_figure(probes)]:
+        assert "No incremental rows yet" in plot.caption and "Finetuning after" not in plot.caption, plot.caption
+        assert "(blue)" not in plot.caption, plot.caption
+    faster = [row(f"r{k}-{t}", experiment="reinit-lr", k=k, t=t, lr_multiplier=5.0, value=0.6) for k in (0, 4)
+              for t in range(2)]
+    (plot,) = F.lr_multiplier_figure(prepare(pd.DataFrame(faster)))
+    assert "Only reinitialized layers at 5x the learning rate here" in plot.caption
+    both = faster + [row(f"i{k}-{t}", k=k, t=t, value=0.6) for k in (0, 4) for t in range(2)]
+    assert "Only" not in F.lr_multiplier_figure(prepare(pd.DataFrame(both)))[0].caption

@@ -11,9 +11,9 @@ from trialrows.schema import settings
 # Columns a condition table always shows first, when the rows carry them.
 LEADING_COLUMNS = ["experiment", "task", "model", "train_size"]
 # Settings that other settings usually imply (reinit_layers by k or a block, a task file's labels by the
-# file): left out of a table's columns when they split nothing further.
+# file, a fingerprint by its task or model): left out of a table's columns when they split nothing further.
 DERIVED = ("reinit_layers", "permutation", "multipliers", "label_names", "text_columns", "label_column",
-           "data_source", "model_type")
+           "data_source", "model_type", "data_fingerprint", "model_fingerprint")
 
 
 def groupable(rows: pd.DataFrame) -> pd.DataFrame:
