@@ -321,7 +321,8 @@ def unknown_settings(experiment: str, given) -> list[str]:
         else:
             close = difflib.get_close_matches(name, sorted(names), n=1)
             problems.append(f"{flag_of(name)}: not a setting of {experiment}"
-                            + (f"; did you mean {flags[close[0]]}?" if close else ""))
+                            + (f"; did you mean {flags[close[0]]}?" if close else
+                               f"; its settings: python -m sweep {experiment} --help"))
     return problems
 
 

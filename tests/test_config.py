@@ -383,3 +383,13 @@ def test_a_config_files_task_file_takes_the_command_lines_short_keys_and_names_w
     assert full.grid.task_files[0].text_columns == ("a", "b") and full.grid.task_files[0].label_column == "stars"
     with pytest.raises(Refused, match=r"'columns' is not a key of a task file; allowed: name, location, text_columns"):
         configure("incremental", tasks=["own"], task_files=[{"name": "own", "location": folder, "columns": "a"}])
+
+
+def test_a_file_key_like_no_setting_says_where_the_settings_are_listed(tmp_path):
+    # `learning_rate` resembles no setting closely enough for a "did you mean": the refusal named the key and
+    # nothing about what is allowed.
+    path = tmp_path / "s.yaml"
+    path.write_text("experiment: incremental\nlearning_rate: 1e-4\n")
+    with pytest.raises(Refused, match=r"--learning-rate: not a setting of incremental; its settings: "
+                                      r"python -m sweep incremental --help"):
+        parse_command_line(["--config", str(path)])
