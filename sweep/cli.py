@@ -20,7 +20,8 @@ from pathlib import Path
 
 from sweep.checks import (address_problems, cannot_start, data_dir_problems, gpu_problems, storage_access_problems,
                           storage_problems)
-from sweep.config import CONFIG_FILE, PRESET, Refused, Sweep, flag_of, options_of, read_config, resolve, write_config
+from sweep.config import (CONFIG_FILE, PRESET, Refused, Sweep, flag_of, options_of, read_config, resolve,
+                          unknown_settings, write_config)
 from sweep.experiments import EXPERIMENTS, GridSettings, trial_word
 from sweep.fingerprints import reconcile, stored_fingerprints, with_fingerprints
 from sweep.data import load_raw_tasks, prepare_data  # noqa: F401  (prepare_data: read from here by tests)
@@ -67,11 +68,19 @@ def _argparse_type(option):
     return read
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, its errors on one line that says where the options are listed: an experiment's usage
+    is 35 lines, and its error came last, under them."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}; its options: {self.prog} --help\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """One sub-command per experiment, each with every experiment's options and its own (so that
     `python -m sweep EXPERIMENT --help` lists what that experiment takes). No option is read by an abbreviation
     of its name, and no default is set here: what was given is told from what a preset or a declaration fills."""
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="python -m sweep", allow_abbrev=False,
         description="Partial-reinitialization finetuning sweeps on Ray Tune; one Parquet row per trial.",
         epilog="`python -m sweep EXPERIMENT --help`: that experiment's options. `python -m sweep --config FILE`: a "
@@ -122,7 +131,14 @@ def parse_command_line(argv: list[str]) -> Sweep:
     problems = repeated_options(argv)
     if problems:
         raise Refused(problems)
-    args = build_parser().parse_args(argv)
+    args, unknown = build_parser().parse_known_args(argv)
+    if unknown:  # named as a --config key is, with the experiment that takes it or the closest option
+        flags = [u.partition("=")[0] for u in unknown if u.startswith("-")]
+        others = [f for f in flags if not f.startswith("--")] or ([] if flags else [" ".join(unknown)])
+        raise Refused([*unknown_settings(args.experiment, [f[2:].replace("-", "_") for f in flags
+                                                           if f.startswith("--")]),
+                       *(f"{o}: not an option of {args.experiment}; its options: python -m sweep {args.experiment} "
+                         "--help" for o in others)])
     given, preset = {}, getattr(args, "preset", None)
     if getattr(args, "config", None):
         experiment, file_preset, given = read_config(args.config)

@@ -147,7 +147,21 @@ def test_a_value_given_twice_is_refused(tiny_bert, tmp_path, capsys, experiment,
 
 def test_no_option_is_read_by_an_abbreviation(tiny_bert, tmp_path, capsys):
     err = refused(["heads", "--model", tiny_bert, "--k", "2"], capsys, tmp_path / "store")  # not --keep-checkpoints
-    assert "unrecognized arguments: --k 2" in err
+    assert "--k: an option of incremental, reinit-lr, layernorm, lr-multipliers; heads does not take it" in err
+
+
+def test_an_unknown_option_or_bad_value_is_one_line_that_says_what_is_allowed(tmp_path, capsys):
+    # argparse printed the experiment's 35-line usage with the error last, and an unknown option at the top level
+    # ("python -m sweep: error: unrecognized arguments"), naming neither the experiment's options nor a near one.
+    err = refused(["incremental", "--sizes", "abc"], capsys, tmp_path / "store")
+    assert err == ("python -m sweep incremental: error: argument --sizes: invalid int value: 'abc'; its options: "
+                   "python -m sweep incremental --help\n")
+    err = refused(["incremental", "--lrr", "1e-4", "-x", "sst2"], capsys, tmp_path / "store")
+    assert err.splitlines()[1:] == ["  - --lrr: not a setting of incremental; did you mean --lr?",
+                                    "  - -x: not an option of incremental; its options: python -m sweep incremental "
+                                    "--help"]
+    err = refused(["incremental", "sst2"], capsys, tmp_path / "store")
+    assert "sst2: not an option of incremental; its options: python -m sweep incremental --help" in err
 
 
 def test_an_absurd_grid_is_refused_at_once_with_its_size(capsys, tmp_path):
