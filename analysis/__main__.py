@@ -77,7 +77,8 @@ def report(args) -> int:
         print(f"--out: {args.out} is a file; give a folder for the report (made if missing)", file=sys.stderr)
         return 1
     made = build_report(args.results, args.out, latex=args.latex, formats=args.formats, raw=raw)
-    print(f"{len(made.tables)} tables and {len(made.figures)} figures in {made.folder}; open "
+    tables, figures = len(made.tables), len(made.figures)
+    print(f"{tables} table{'s' * (tables != 1)} and {figures} figure{'s' * (figures != 1)} in {made.folder}; open "
           f"{made.folder / 'index.html'} (or index.md)")
     for line in made.header[1:3]:
         print(line)

@@ -366,7 +366,9 @@ def cost_table(specs, flops, rate: Rate) -> str:
                           "flops": flops})
     frame["seconds"] = frame["flops"].map(rate.trial_seconds)
     if len(frame) <= 24:
-        lines = [f"{'trial':<56} {'FLOPs':>9} {'time':>8}"]
+        # A dry run loads no data, so its specs carry no fingerprints: their ids are the rows' `settings_id`, not
+        # the `trial_id` the rows are named by.
+        lines = [f"{'settings_id':<56} {'FLOPs':>9} {'time':>8}"]
         lines += [f"{r.trial:<56} {r.flops:>9.3g} {hours(r.seconds):>8}" for r in frame.itertuples()]
         return "\n".join(lines)
     cells = frame.groupby(["task", "size", "epochs"], sort=True).agg(

@@ -250,7 +250,8 @@ def run_trials(
     if size > 1 or fuse_alone:
         fused = sum("pack" in unit for unit in units)
         print(f"--pack {options.pack}: up to {size} trial{'s' * (size > 1)} a fused pack; {len(specs)} "
-              f"trials in {len(units)} Tune trials, {fused} of them fused packs", flush=True)
+              f"trial{'s' * (len(specs) != 1)} in {len(units)} Tune trial{'s' * (len(units) != 1)}, {fused} of them "
+              "fused packs", flush=True)
     progress = ProgressView({s.trial_id: trial_work(s) for s in specs})
     writer = RowWriter(folder, landed=standing, keep_checkpoints=keep_checkpoints, progress=progress)
     tuner = make_tuner(
