@@ -214,7 +214,29 @@ def members(trial) -> list[tuple[str, int | None, str]]:
     if "probes" in config:
         return [(p["trial_id"], None, f"{short_name(p['trial_id'])} {p['probe']} layer {p['layer']}")
                 for p in config["probes"]]
-    return [(m["trial_id"], m["finetune"]["epochs"], short_name(m["trial_id"])) for m in config.get("pack", [config])]
+    return [(m["trial_id"], m["finetune"]["epochs"], short_name(m["trial_id"]) + what_it_changes(m.get("row", {})))
+            for m in config.get("pack", [config])]
+
+
+def what_it_changes(row: dict) -> str:
+    """What tells a trial from the others of its cell and index, which its id names only by a digest: a
+    localized sweep's blocks, a heads sweep's heads, ... (` layer 3 head 5`; "" for an incremental trial, whose
+    id names its k)."""
+    parts = []
+    if row.get("block_start") is not None:
+        last = row["block_start"] + row["block_size"] - 1
+        parts.append(f"{row.get('block_mode')} {row['block_start']}..{last}")  # as its table names it
+    parts += [f"{name} {row[key]}" for key, name in (("layer", "layer"), ("head", "head")) if row.get(key) is not None]
+    parts += [str(row[key]) for key in ("sublayer", "probe") if row.get(key) is not None]
+    if row.get("parity") is not None:
+        parts.append(f"{row['parity']} layers")
+    if row.get("permutation_index") is not None:
+        parts.append(f"order {row['permutation_index']}")
+    if row.get("intermediate_task") is not None:
+        parts.append(f"after {row['intermediate_task']}")
+    if row.get("lr_multiplier") is not None:
+        parts.append(f"lr x{row['lr_multiplier']:g}")
+    return "".join(f" {p}" for p in parts)
 
 
 def member_reports(trial, result: dict) -> list[tuple[str, int, dict, int]]:

@@ -345,3 +345,25 @@ def test_a_searchs_studies_show_on_one_view_in_the_driver(tiny_bert, tmp_path, c
     assert ended.startswith("[1/3] ok 0 · diverged 0 · pruned 1 · failed 0 · running 0 · pending 2 ·")
     assert ended.endswith(f"| ended: [{spec.trial_id} 1/4] s0 pruned after 1/2 epochs | multipliers 1 1 1 1 | "
                            "val 0.5000 dev None")
+
+
+@pytest.mark.parametrize("argv, names", [
+    (["localized", "--block-size", "3"], [f"synthetic-n24-t0 block-{mode} {start}..{start + 2}"
+                                          for mode in ("reinit", "preserve") for start in (1, 2)]),
+    (["heads", "--layers", "2", "--heads", "0", "3"], ["synthetic-n24-t0", "synthetic-n24-t0 layer 2 head 0",
+                                                       "synthetic-n24-t0 layer 2 head 3"]),
+    (["sublayer", "--layers", "1", "--sublayers", "attention"], ["synthetic-n24-t0",
+                                                                 "synthetic-n24-t0 layer 1 attention"]),
+    (["alternate"], ["synthetic-n24-t0 odd layers", "synthetic-n24-t0 even layers"]),
+    (["reinit-lr", "--k", "2", "--lr-multiplier", "10"], ["synthetic-n24-k2-t0 lr x10"]),
+    (["permutation", "--permutations", "2"], ["synthetic-n24-t0 order 0", "synthetic-n24-t0 order 1"]),
+    (["incremental", "--k", "2"], ["synthetic-n24-k2-t0"]),
+])
+def test_running_trials_are_named_by_what_their_ids_give_only_as_a_digest(tiny_bert, argv, names):
+    # A localized sweep's trials of one cell and index all showed as `synthetic-n24-t0`: which block was running?
+    from sweep.progress import members
+
+    specs = specs_of([*argv, "--model", tiny_bert, "--tasks", "synthetic", "--sizes", "24", "--trials", "1"])
+    running = FakeTrial("", 1)
+    running.config = {"trial": {"trial_id": "pack", "pack": [s.to_config() for s in specs]}}
+    assert sorted(name for _, _, name in members(running)) == sorted(names)
