@@ -778,6 +778,8 @@ def experiment_figure(rows: pd.DataFrame, experiment: str) -> list[Plot]:
         first = sub.iloc[0]
         ticks = sorted(sub[view.x].dropna().unique(), key=_tick_order) if view.x else [experiment]
         series = [name for name, _ in sub.groupby(view.series, sort=True)] if view.series else [experiment]
+        # a line says the x axis is ordered (layers): categories (odd or even layers) stand as points alone
+        ordered = all(isinstance(t, (int, float, np.integer, np.floating)) for t in ticks)
         missing = []
         for ax, task in zip(axes, tasks):
             here = sub[sub["task"] == task]
@@ -788,7 +790,7 @@ def experiment_figure(rows: pd.DataFrame, experiment: str) -> list[Plot]:
                 i = series.index(name)
                 x = [ticks.index(v) for v in group[view.x]] if view.x else [0] * len(group)
                 _errorline(ax, x, group, color=SERIES_COLORS[i % len(SERIES_COLORS)], label=str(name),
-                             offset=0.1 * i)
+                           offset=0.1 * i, linestyle="-" if ordered else "none")
             refs = _references(rows, experiment, here.iloc[0], cache)
             missing += [] if refs else [task]
             _reference_lines(ax, refs)

@@ -288,3 +288,16 @@ def test_a_caption_names_no_curve_the_store_has_no_rows_for():
     assert "Only reinitialized layers at 5x the learning rate here" in plot.caption
     both = faster + [row(f"i{k}-{t}", k=k, t=t, value=0.6) for k in (0, 4) for t in range(2)]
     assert "Only" not in F.lr_multiplier_figure(prepare(pd.DataFrame(both)))[0].caption
+
+
+def test_categories_on_the_x_axis_are_points_not_a_line():
+    # The alternate figure joined "even" and "odd" with a line, as if one led to the other; layers keep theirs.
+    alternate = [row(f"{p}-{t}", experiment="alternate", k=None, t=t, parity=p, reinit_layers=[],
+                     value=0.5 + 0.01 * t) for p in ("odd", "even") for t in range(2)]
+    sublayer = [row(f"{layer}-{t}", experiment="sublayer", k=None, t=t, layer=layer, sublayer="attention",
+                    reinit_layers=[], value=0.5 + 0.01 * t) for layer in (1, 3) for t in range(2)]
+    for rows, experiment, series, style in ((alternate, "alternate", "alternate", "None"),
+                                            (sublayer, "sublayer", "attention", "-")):
+        (plot,) = F.experiment_figure(prepare(pd.DataFrame(rows)), experiment)
+        (means,) = [line for line in plot.figure.axes[0].get_lines() if line.get_label() == series]
+        assert len(means.get_xdata()) == 2 and means.get_linestyle() == style, experiment
