@@ -415,7 +415,9 @@ def describe_settings(sweep: Sweep, specs: list[TrialSpec]) -> str:
     """What runs: the preset in force and what it filled, and the resolved settings that shape the trials."""
     grid, lines = sweep.grid, []
     written = {o.name: o for o in options_of(sweep.experiment)}
-    filled = ", ".join(f"{flag_of(n)} {shown(written[n].written(getattr(sweep, n)))}" for n in sweep.filled)
+    # The demo's sizes cleared for --fractions are nothing filled in: fractions replace them (sweep.config).
+    filled = ", ".join(f"{flag_of(n)} {shown(written[n].written(getattr(sweep, n)))}" for n in sweep.filled
+                       if getattr(sweep, n) not in ((), []))
     lines.append(f"preset {sweep.preset}: " + (f"filled {filled}" if filled else "filled nothing")
                  + (f"; its picks {', '.join(flag_of(n) for n in sweep.dropped)} are left out (you named what to "
                     "run on), declared defaults instead" if sweep.dropped else ""))
@@ -428,6 +430,8 @@ def describe_settings(sweep: Sweep, specs: list[TrialSpec]) -> str:
               "batch_size": f"--batch-size {grid.batch_size}", "max_length": f"--max-length {grid.max_length}",
               "precision": f"--precision {grid.precision}", "pack": f"--pack {sweep.run.pack}",
               "seed": f"--seed {grid.seed}"}
+    if grid.fractions:  # the sizes they give are in the table below; which fractions they are is not
+        common = {"fractions": f"--fractions {shown(grid.fractions)}", **common}
     # A setting the trials never read is not shown as if it shaped them (probing's --epochs is its own limit).
     lines.append("settings: " + " · ".join([*own, *(text for name, text in common.items()
                                                      if name not in experiment.ignores)]))
