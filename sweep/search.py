@@ -219,11 +219,28 @@ def experiment_dir(tune_dir: Path | str, spec: TrialSpec) -> Path | str:
     return join(join(tune_dir, "searches"), spec.trial_id)
 
 
+# A cell's study runs in a Ray task, whose INFO lines the sweep's driver forwards: Optuna's "A new study created in
+# memory" and Tune's closing "Wrote the latest version of all result files" for every cell, which say nothing its
+# own lines do not. Their warnings still show.
+QUIET_IN_CELLS = ("optuna", "ray.tune.tune")
+
+
+def quiet_cell() -> None:
+    import logging
+
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # Optuna's own handler, not the logging tree's levels
+    for name in QUIET_IN_CELLS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
 def search_cell(spec: TrialSpec, num_layers: int, num_samples: int, trainable, folder: Path | str,
                 path: Path | str, landed: dict[int, list], callbacks=(), progress=None) -> str:
     """Run one cell's study to its budget (inside a Ray task), as a new Tune experiment under the cell's folder;
     `landed`: the multipliers of its trials whose rows landed in earlier runs, by sample number; `progress`: the
     ProgressRelay to the driver's progress view (sweep.progress.follow)."""
+    quiet_cell()
     writer = SearchRowWriter(folder, spec.trial_id, num_samples, progress=progress)
     tuner = make_tuner(trainable, name=experiment_name(), storage_path=path, max_failures=0,
                        callbacks=[writer, *([progress] if progress is not None else []), *callbacks],

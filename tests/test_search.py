@@ -322,3 +322,31 @@ def test_the_study_learns_an_asha_stopped_trial_as_pruned_and_a_diverged_one_as_
                       optuna.trial.TrialState.FAIL]
     assert study.trials[1].intermediate_values == {1: 0.9} and study.trials[1].value == 0.9, "the rung's figure"
     assert study.best_value == 0.7, "an epoch-1 figure is not a finished trial's objective"
+
+
+QUIET_SCRIPT = """
+import inspect, logging, sys
+import optuna
+import ray.tune.tune as tune_module
+
+logging.basicConfig(level=logging.INFO)  # as a Ray task's process logs
+# The line quieted is the one Tune's closing sync writes: a Ray that moved it fails here.
+assert tune_module.logger.name == "ray.tune.tune" and "Wrote the latest version of all result files" in \\
+    inspect.getsource(tune_module)
+if sys.argv[1] == "quiet":
+    from sweep.search import quiet_cell
+    quiet_cell()
+optuna.create_study()
+tune_module.logger.info("Wrote the latest version of all result files")
+tune_module.logger.warning("a real warning")
+"""
+
+
+def test_a_cells_study_forwards_no_optuna_or_tune_info_lines_to_the_driver():
+    # Every cell's task printed "A new study created in memory" and Tune's closing "Wrote the latest version of all
+    # result files ..." among the sweep's own lines.
+    loud, quiet = (subprocess.run([sys.executable, "-c", QUIET_SCRIPT, mode], capture_output=True, text=True,
+                                  timeout=120, cwd=Path(__file__).resolve().parents[1]) for mode in ("plain", "quiet"))
+    assert loud.returncode == 0 and "A new study created" in loud.stderr and "Wrote the latest" in loud.stderr
+    assert quiet.returncode == 0 and "A new study created" not in quiet.stderr, quiet.stderr
+    assert "Wrote the latest" not in quiet.stderr and "a real warning" in quiet.stderr
