@@ -17,7 +17,7 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import TwoSlopeNorm
 from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
+from matplotlib.ticker import FuncFormatter, MaxNLocator
 from scipy import stats
 
 from analysis import tables as T
@@ -733,9 +733,10 @@ def heads_figure(rows: pd.DataFrame) -> list[Plot]:
             metric = T.METRIC_NAMES.get(_metric(here), _metric(here))
             baseline = here["baseline"].iloc[0]
             ax.set_title(f"{T.TASK_NAMES.get(task, task)} ({metric}; baseline {baseline:.3f})", fontsize=9)
-        if image is not None:
-            figure.colorbar(image, ax=axes, shrink=0.9, fraction=0.03, pad=0.02).set_label(
-                "difference from baseline", fontsize=8.5)
+        if image is not None:  # in the cells' unit: hundredths of the metric
+            bar = figure.colorbar(image, ax=axes, shrink=0.9, fraction=0.03, pad=0.02,
+                                  format=FuncFormatter(lambda value, _: f"{100 * value:+.1f}"))
+            bar.set_label("difference from baseline (hundredths)", fontsize=8.5)
         first = sub.iloc[0]
         _title(figure, f"One attention head reinitialized, {_short('model', first['model'])}, "
                        f"{int(first['train_size']):,} examples" + _extra(part))

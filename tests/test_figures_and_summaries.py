@@ -301,3 +301,18 @@ def test_categories_on_the_x_axis_are_points_not_a_line():
         (plot,) = F.experiment_figure(prepare(pd.DataFrame(rows)), experiment)
         (means,) = [line for line in plot.figure.axes[0].get_lines() if line.get_label() == series]
         assert len(means.get_xdata()) == 2 and means.get_linestyle() == style, experiment
+
+
+def test_the_heads_colour_bar_reads_in_the_cells_unit():
+    # The cells read "-10.0" (hundredths) beside a colour bar of "-0.10": two units for one quantity.
+    rows = [row(f"b{t}", experiment="heads", k=None, t=t, value=0.8, layer=None, head=None, reinit_layers=[])
+            for t in range(2)]
+    rows += [row(f"h{h}-{t}", experiment="heads", k=None, t=t, value=0.8 - 0.1 * h, layer=1, head=h,
+                 reinit_layers=[]) for h in range(2) for t in range(2)]
+    (plot,) = F.heads_figure(prepare(pd.DataFrame(rows)))
+    plot.figure.canvas.draw()
+    panel, bar = plot.figure.axes
+    assert {t.get_text() for t in panel.texts} == {"+0.0", "-10.0"}
+    ticks = [t.get_text() for t in bar.get_yticklabels() if t.get_text()]
+    assert "-10.0" in ticks and "+10.0" in ticks, ticks
+    assert bar.get_ylabel() == "difference from baseline (hundredths)"
