@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.format import FIGURE_FORMATS
+from analysis.format import FIGURE_FORMATS, readable
 from analysis.results import prepare, read_results
 from analysis.stats import condition_table
 from analysis.tables import mixed_lines
@@ -42,7 +42,7 @@ def summary(args) -> int:
                   and part[c].nunique(dropna=False) <= 1]
         shown = part.drop(columns=[*unused, "excluded", "mean_minus_2std", "mean_plus_2std"], errors="ignore")
         print(f"\n{experiment}" if experiment else "")
-        print(shown.to_string(index=False, float_format=lambda x: f"{x:.4f}"))
+        print(readable(shown).to_string(index=False))  # as the report's tables read: no <NA>, counts as counts
     for line in mixed_lines(rows):
         print(f"\n{line}")
     if targeted(rows):

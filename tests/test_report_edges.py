@@ -58,6 +58,19 @@ def test_summary_counts_a_finished_trial_without_a_metric_as_left_out_as_its_tab
     assert "left out of the means: 0 diverged, 1 failed (1 of them finished without a dev metric)" in out
 
 
+def test_summary_reads_as_the_reports_tables_do(tmp_path, capsys):
+    # It printed the raw table: at_chance 2.0000, the interval as two columns, an empty note column.
+    results = write_results(tmp_path / "results", [
+        incremental(k=k, t=t, value=0.5 + 0.1 * k + 0.01 * t, dev_constant_prediction=float(k == 0),
+                    dev_chance_metric=0.5) for k in (0, 6) for t in range(2)])
+    assert main(["summary", str(results)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("task "))
+    assert lines[header].split() == ["task", "k", "metric_name", "n", "diverged", "failed", "mean", "std", "95%", "CI",
+                                     "at_chance"], lines[header]
+    assert [lines[header + i].split()[-1] for i in (1, 2)] == ["2", "0"] and "<NA>" not in "\n".join(lines)
+
+
 def test_rows_that_name_no_experiment_are_printed_and_counted(tmp_path, capsys):
     rows = [incremental(t=t, experiment=None) for t in range(2)]
     (tmp_path / "rows").mkdir()
