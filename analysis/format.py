@@ -19,6 +19,8 @@ def _number(value, digits: int = 4) -> str:
         return ""
     if isinstance(value, (bool, np.bool_)):
         return "yes" if value else "no"
+    if isinstance(value, (tuple, list, np.ndarray)):  # a search's multipliers were printed to 17 digits each
+        return "(" + ", ".join(f"{v:.3g}" if isinstance(v, (float, np.floating)) else str(v) for v in value) + ")"
     if isinstance(value, (int, np.integer)):
         return str(int(value))
     if isinstance(value, (float, np.floating)):

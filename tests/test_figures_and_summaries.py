@@ -316,3 +316,14 @@ def test_the_heads_colour_bar_reads_in_the_cells_unit():
     ticks = [t.get_text() for t in bar.get_yticklabels() if t.get_text()]
     assert "-10.0" in ticks and "+10.0" in ticks, ticks
     assert bar.get_ylabel() == "difference from baseline (hundredths)"
+
+
+def test_a_searchs_multipliers_read_in_three_digits_in_its_tables():
+    # The weight-distance table of an lr-multipliers sweep keyed each row by tuples of 17-digit floats.
+    from analysis.format import readable
+    from analysis.tables import weight_distance_table
+
+    rows = [row(f"s{t}", experiment="lr-multipliers", k=2, t=t, multipliers=[1 / 3, 10.0 + t, 1.0, 1.0],
+                weight_distance=[1.0 + t, 2.0, 3.0, 4.0]) for t in range(2)]
+    shown = readable(weight_distance_table(prepare(pd.DataFrame(rows))))
+    assert set(shown["multipliers"]) == {"(0.333, 10, 1, 1)", "(0.333, 11, 1, 1)"}, shown["multipliers"]
