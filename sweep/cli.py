@@ -135,8 +135,14 @@ def parse_command_line(argv: list[str]) -> Sweep:
     if unknown:  # named as a --config key is, with the experiment that takes it or the closest option
         flags = [u.partition("=")[0] for u in unknown if u.startswith("-")]
         others = [f for f in flags if not f.startswith("--")] or ([] if flags else [" ".join(unknown)])
-        raise Refused([*unknown_settings(args.experiment, [f[2:].replace("-", "_") for f in flags
-                                                           if f.startswith("--")]),
+        # The top level takes no option: one the experiment takes, given before its name, is only misplaced.
+        takes = {flag_of(o.name) for o in options_of(args.experiment)} | {"--preset", "--config"}
+        at = argv.index(args.experiment) if args.experiment in argv else 0
+        before = {w.partition("=")[0] for w in argv[:at]} & takes
+        raise Refused([*(f"{f}: an option of {args.experiment}, given before its name; give it after: python -m sweep "
+                         f"{args.experiment} {f} ..." for f in flags if f in before),
+                       *unknown_settings(args.experiment, [f[2:].replace("-", "_") for f in flags
+                                                           if f.startswith("--") and f not in before]),
                        *(f"{o}: not an option of {args.experiment}; its options: python -m sweep {args.experiment} "
                          "--help" for o in others)])
     given, preset = {}, getattr(args, "preset", None)

@@ -164,6 +164,15 @@ def test_an_unknown_option_or_bad_value_is_one_line_that_says_what_is_allowed(tm
     assert "sst2: not an option of incremental; its options: python -m sweep incremental --help" in err
 
 
+def test_an_option_given_before_the_experiments_name_says_to_give_it_after(tmp_path, capsys):
+    # The top level takes no option but --config FILE: `--seed=3 incremental` was refused with no reason at all
+    # ("cannot start the sweep:" and nothing), and `--preset=paper incremental` as "not a setting; did you mean".
+    for word, flag in (("--seed=3", "--seed"), ("--preset=paper", "--preset")):
+        err = refused([word, "incremental"], capsys, tmp_path / "store")
+        assert f"  - {flag}: an option of incremental, given before its name; give it after: python -m sweep " \
+               f"incremental {flag}" in err, err
+
+
 def test_an_absurd_grid_is_refused_at_once_with_its_size(capsys, tmp_path):
     err = refused(["incremental", "--trials", "10000000"], capsys, tmp_path / "store")
     assert "--trials: 10000000 make a grid of 20,000,000 trials; one sweep plans at most 1,000,000" in err
