@@ -61,7 +61,8 @@ def readable(table: pd.DataFrame, two_std: bool = False) -> pd.DataFrame:
                         "mean_val_objective", "chance"):
             out[column] = series.map(_number)
         elif column in ("train_size", "n", "diverged", "failed", "k", "layer", "head", "block_start", "block_size",
-                        "pairs", "permutations", "at_chance"):
+                        "pairs", "permutations", "at_chance", "needed", "trials", "values", "pilot_trials",
+                        "max_trials", "best_sample", "completed", "pruned"):  # float where one row has none
             out[column] = series.map(lambda v: _number(v, 0))
         elif column == "lr_multiplier":
             out[column] = series.map(lambda v: "" if pd.isna(v) else f"{v:g}x")

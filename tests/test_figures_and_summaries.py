@@ -327,3 +327,16 @@ def test_a_searchs_multipliers_read_in_three_digits_in_its_tables():
                 weight_distance=[1.0 + t, 2.0, 3.0, 4.0]) for t in range(2)]
     shown = readable(weight_distance_table(prepare(pd.DataFrame(rows))))
     assert set(shown["multipliers"]) == {"(0.333, 10, 1, 1)", "(0.333, 11, 1, 1)"}, shown["multipliers"]
+
+
+def test_counts_read_as_counts_where_a_condition_has_none_yet():
+    # A precision condition waiting for its pilot (no N yet) made `needed`, `trials` and `values` float columns,
+    # read "12.0000" in the report and the sweep's closing table; so did an lr-search's best_sample beside a cell
+    # with no completed trial.
+    from analysis.format import readable
+
+    table = pd.DataFrame([{"task": "sst2", "k": 0, "needed": 12, "trials": 12, "values": 11, "best_sample": 3,
+                           "completed": 8, "pruned": 2, "pilot_trials": 4, "max_trials": 20},
+                          {"task": "sst2", "k": 4, "pilot_trials": 4, "max_trials": 20}])
+    shown = readable(table)
+    assert shown.iloc[0].tolist() == ["sst2", "0", "12", "12", "11", "3", "8", "2", "4", "20"], shown.iloc[0]
