@@ -47,7 +47,7 @@ def summary(args) -> int:
         print(f"\n{line}")
     if targeted(rows):
         print("\nprecision targets (Stein's two-stage procedure):")
-        print(precision_table(rows).to_string(index=False, na_rep="-", float_format=lambda x: f"{x:.4f}"))
+        print(readable(precision_table(rows)).to_string(index=False))
     # As the table counts them (trialrows.summaries.summarize): a finished trial without a value is failed.
     usable = rows["status"].eq("ok") & rows["dev_metric"].notna()
     left = int((~usable).sum())

@@ -202,7 +202,8 @@ def test_paired_target_needs_the_full_model_and_options_go_together():
     assert option_problems(options(target_ci=0.02), search)
 
 
-def test_rows_of_a_finished_precision_sweep_give_steins_interval_in_every_table():
+def test_rows_of_a_finished_precision_sweep_give_steins_interval_in_every_table(tmp_path, capsys):
+    from analysis.__main__ import main
     from analysis.results import prepare
     from analysis.stats import condition_table
 
@@ -220,6 +221,12 @@ def test_rows_of_a_finished_precision_sweep_give_steins_interval_in_every_table(
     assert half == pytest.approx(T2 * 0.01 / math.sqrt(5), rel=1e-5)
     assert summary.loc[2, "note"].startswith("Stein two-stage interval (n0 3, W 0.02): reached")
     assert summary.loc[4, "note"] == ""  # still running: the ordinary interval, no claim
+    # `analysis summary` prints it as the report does: a pilot still running made the counts float (5.0000)
+    (tmp_path / "rows").mkdir()
+    stored(specs, values).to_parquet(tmp_path / "rows" / "part.parquet")
+    assert main(["summary", str(tmp_path / "rows")]) == 0
+    printed = capsys.readouterr().out.split("precision targets")[1]
+    assert "5.0000" not in printed and "95% CI" in printed, printed
     # A later fixed-count sweep over the same trials (rows without a target) makes it an ordinary condition.
     later = stored(specs, {(2, i): 0.7 for i in range(5, 8)}).drop(columns=["target_ci", "target_on",
                                                                           "pilot_trials", "max_trials"])
