@@ -539,7 +539,8 @@ def single_layer_figure(rows: pd.DataFrame) -> list[Plot]:
     return plots
 
 
-def _beside_incremental_figure(table, rows, column, labels, name, title, caption, function) -> list[Plot]:
+def _beside_incremental_figure(table, rows, column, labels, name, title, caption, function, compared) -> list[Plot]:
+    """`compared`: the value of `column` the caption compares with (the incremental grid's)."""
     table = _drawable(table)
     if table.empty:
         return []
@@ -564,8 +565,8 @@ def _beside_incremental_figure(table, rows, column, labels, name, title, caption
         _title(figure, f"{title}, {_short('model', first['model'])}, {int(first['train_size']):,} examples"
                + _extra(part))
         # the caption promises the grid it is compared with; a store may hold this one alone
-        alone = (f" Only {labels(values[0])} here: the store has no rows to compare with at these settings."
-                 if len(values) == 1 else "")
+        alone = (f" Not drawn: {labels(compared)} (the store has no such rows at these settings)."
+                 if compared not in values else "")
         plots.append(Plot(f"{name}{suffix}", figure,
                           caption + alone + _one_trial_note(sub) + _missing_note(sub, "k", "k =") + _excluded_note(sub),
                           function, f"{caption.split('.')[0]}: {title[0].lower() + title[1:]} ({_context(sub, part)})"))
@@ -582,7 +583,7 @@ def lr_multiplier_figure(rows: pd.DataFrame) -> list[Plot]:
         "Figure 7. Incremental reinitialization with the reinitialized layers trained at a multiple of the "
         "learning rate, beside the same cells at one rate (points offset sideways to keep the bars apart). "
         "Error bars: ±2 standard deviations, as in the paper.",
-        "lr_multiplier_figure")
+        "lr_multiplier_figure", compared=1.0)
 
 
 def layernorm_figure(rows: pd.DataFrame) -> list[Plot]:
@@ -595,7 +596,7 @@ def layernorm_figure(rows: pd.DataFrame) -> list[Plot]:
         "Figure 8. Incremental reinitialization that keeps the pretrained LayerNorm parameters of the "
         "reinitialized layers, beside the grid that resets them (points offset sideways). Error bars: ±2 "
         "standard deviations, as in the paper.",
-        "layernorm_figure")
+        "layernorm_figure", compared=False)
 
 
 def weight_distance_figure(rows: pd.DataFrame) -> list[Plot]:

@@ -285,9 +285,12 @@ def test_a_caption_names_no_curve_the_store_has_no_rows_for():
     faster = [row(f"r{k}-{t}", experiment="reinit-lr", k=k, t=t, lr_multiplier=5.0, value=0.6) for k in (0, 4)
               for t in range(2)]
     (plot,) = F.lr_multiplier_figure(prepare(pd.DataFrame(faster)))
-    assert "Only reinitialized layers at 5x the learning rate here" in plot.caption
+    assert "Not drawn: same learning rate (the store has no such rows" in plot.caption
+    two = faster + [{**r, "trial_id": r["trial_id"] + "x10", "lr_multiplier": 10.0} for r in faster]
+    (plot,) = F.lr_multiplier_figure(prepare(pd.DataFrame(two)))  # two rates, still none at the base one
+    assert "Not drawn: same learning rate (the store has no such rows" in plot.caption
     both = faster + [row(f"i{k}-{t}", k=k, t=t, value=0.6) for k in (0, 4) for t in range(2)]
-    assert "Only" not in F.lr_multiplier_figure(prepare(pd.DataFrame(both)))[0].caption
+    assert "Not drawn" not in F.lr_multiplier_figure(prepare(pd.DataFrame(both)))[0].caption
 
 
 def test_categories_on_the_x_axis_are_points_not_a_line():
