@@ -693,10 +693,12 @@ def planned_and_run(sweep: Sweep, argv, callbacks, dry_run: bool):
     if planned.note:
         print(planned.note)
     if dry_run:
-        if EXPERIMENTS[sweep.experiment].runner is None:  # finetuning trials: what trainables.cost counts
+        experiment = EXPERIMENTS[sweep.experiment]
+        if experiment.runner is None or experiment.trials_per_spec:  # finetuning trials: trainables.cost counts
             from sweep.estimate import estimate_text
 
-            print(estimate_text(planned.specs, sweep.grid, sweep, limits.num_layers, folder, planned.raw))
+            copies = getattr(sweep, experiment.trials_per_spec) if experiment.trials_per_spec else 1
+            print(estimate_text(planned.specs, sweep.grid, sweep, limits.num_layers, folder, planned.raw, copies))
         return pd.DataFrame(planned.rows), None, 0
     try:
         record_sweep(sweep, argv, planned.rows, planned.rerun_skips)

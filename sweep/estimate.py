@@ -26,6 +26,7 @@ own clock; trials are scheduled in grid order, each to the first free slot, afte
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import heapq
@@ -442,19 +443,42 @@ def trial_precision(settings, args) -> str:
     return settings.precision if "precision" in getattr(args, "given", ()) else "auto"
 
 
-def estimate_text(specs, settings, args, num_layers: int, folder, raw=None) -> str:
-    """What `--dry-run` prints of a sweep's cost."""
+def estimate_text(specs, settings, args, num_layers: int, folder, raw=None, copies: int = 1) -> str:
+    """What `--dry-run` prints of a sweep's cost. `copies`: the finetuning trials each spec stands for (a
+    search's cell: its study's trials, each at most the cell's trial, fewer epochs where ASHA stops it)."""
     if not specs:
         return "cost: no trial to run"
     everything, stored = store_rows(args, folder)
     flops, rate, note = dry_run_estimate(specs, settings, args, num_layers, folder, raw, stored, everything)
     # A rerun skips the trials the store has finished: only the others cost anything.
-    done = done_ids(stored)
-    left = [f for spec, f in zip(specs, flops) if spec.trial_id not in done]
     # By settings: a dry run reads no weights, so a row of other data or weights at the same settings counts too.
-    label = f"total ({len(specs) - len(left)} of {len(specs)} already done at these settings)" \
-        if len(left) < len(specs) else "total"
-    return "\n".join([header(rate, note), cost_table(specs, flops, rate), summary_line(label, left, rate)])
+    done = done_ids(stored) if copies == 1 else done_in_cells(stored)
+    finished = [int(s.trial_id in done) if copies == 1 else min(copies, done[s.trial_id]) for s in specs]
+    left = [f for f, n in zip(flops, finished) for _ in range(copies - n)]
+    trials = len(specs) * copies
+    label = f"total ({trials - len(left)} of {trials} already done at these settings)" if len(left) < trials \
+        else "total"
+    table = cost_table(specs, flops, rate)
+    if copies > 1:
+        table += (f"\n(a line per cell: one trial of its study, which runs {copies}; the total counts each trial to "
+                  "its last epoch, and ASHA stops some earlier)")
+    return "\n".join([header(rate, note), table, summary_line(label, left, rate)])
+
+
+def done_in_cells(stored: pd.DataFrame) -> collections.Counter:
+    """Per cell (its id and its settings id: a dry run's cells carry no fingerprints), how many trials of its
+    study the store holds finished rows of."""
+    from trialrows.read import STUDY_FINISHED
+
+    counts: collections.Counter = collections.Counter()
+    if stored is None or not len(stored) or "cell" not in stored or "status" not in stored:
+        return counts
+    finished = stored[stored["status"].isin(STUDY_FINISHED) & stored["cell"].notna()]
+    counts.update(finished["cell"])
+    if "settings_id" in finished:  # a sample's row carries its cell's settings id
+        counts.update(i for i, cell in zip(finished["settings_id"], finished["cell"])
+                      if isinstance(i, str) and i != cell)
+    return counts
 
 
 def done_ids(stored: pd.DataFrame) -> set:

@@ -43,9 +43,10 @@ from sweep.progress import trial_work
 from sweep.runner import RowWriter, experiment_name, make_tuner, refuse_unplaceable
 from sweep.store import filesystem, join, parent, stored_trial_ids
 from trainables.rows import make_row
+from trialrows.read import STUDY_FINISHED
 
 VAL_METRIC = "val_metric"  # the only figure the search reads: the held-out part of the training subset
-FINISHED = ("ok", "diverged", "pruned")  # rows of trials a resumed study does not run again
+FINISHED = STUDY_FINISHED  # rows of trials a resumed study does not run again
 GROUPS = ("layer", "reinit-vs-kept")
 
 

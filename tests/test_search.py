@@ -350,3 +350,23 @@ def test_a_cells_study_forwards_no_optuna_or_tune_info_lines_to_the_driver():
     assert loud.returncode == 0 and "A new study created" in loud.stderr and "Wrote the latest" in loud.stderr
     assert quiet.returncode == 0 and "A new study created" not in quiet.stderr, quiet.stderr
     assert "Wrote the latest" not in quiet.stderr and "a real warning" in quiet.stderr
+
+
+def test_a_searchs_dry_run_prices_every_trial_of_its_studies_less_those_landed(tiny_bert, tmp_path, capsys):
+    # A search's dry run printed no cost at all: its cells are studies of --num-samples finetuning trials each.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    argv = ["lr-multipliers", "--model", tiny_bert, "--tasks", "synthetic", "--sizes", "24", "--k", "2", "--trials",
+            "1", "--num-samples", "3", "--storage", str(tmp_path), "--name", "lrm", "--dry-run"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    (cell,) = [line.split()[0] for line in out.splitlines() if line.startswith("lr-multipliers-")]
+    assert "\ntotal: 3 trials," in out, out
+    # Two of the study's trials landed (their rows name the cell by its fingerprinted id, and its settings id).
+    (tmp_path / "lrm" / "rows").mkdir(parents=True)
+    pq.write_table(pa.table({"trial_id": [f"{cell}ff-s0", f"{cell}ff-s1"], "status": ["ok", "pruned"],
+                             "cell": [f"{cell}ff"] * 2, "settings_id": [cell] * 2}),
+                   tmp_path / "lrm" / "rows" / "part.parquet")
+    assert main(argv) == 0
+    assert "\ntotal (2 of 3 already done at these settings): 1 trials," in capsys.readouterr().out

@@ -62,6 +62,9 @@ class Experiment:
     # "module:function" (specs, folder, options) -> (to run, planned rows, statuses a rerun skips, the table
     # printed at the end), for experiments whose specs are not trials (a search's cells); None: the specs are.
     plan: str | None = None
+    # The option whose value is how many finetuning trials each planned spec stands for (a search's cell: its
+    # study's --num-samples), for the dry run's price; None: each spec is one trial, or no finetuning trial.
+    trials_per_spec: str | None = None
     # False: the experiment needs no layers of their own, so models that share one set across layers
     # (ALBERT) can run it.
     layerwise: bool = True
@@ -439,7 +442,7 @@ register(Experiment("lr-multipliers", lr_multipliers, "an Optuna search over per
                     (K, NUM_SAMPLES, MULTIPLIER_RANGE, GROUP, VAL_FRACTION),
                     {"paper": dict(sizes=[500], trials=["1"], skip=[]), "demo": dict(sizes=[500], trials=["1"], k=[0, 3])},
                     runner="sweep.search:run_searches", plan="sweep.search:plan_searches", problems=search_problems,
-                    ignores=RESTARTS))
+                    ignores=RESTARTS, trials_per_spec="num_samples"))
 register(Experiment("sublayer", sublayer, "only the attention or only the feed-forward block of one layer reinitialized",
                     View((*FINETUNED, "sublayer", "layer"), finetunes=True, reset_column="sublayer",
                          title="Attention or feed-forward block of one layer reinitialized",

@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 from trialrows.schema import SCHEMA
 
 FINISHED = ("ok", "diverged")  # a trial with such a row is done: running it again gives the same answer
+STUDY_FINISHED = (*FINISHED, "pruned")  # a search's trial is done too when its scheduler stopped it (sweep.search)
 
 
 QUARANTINE = "quarantine"  # where unreadable row files are set aside, beside the folder that held them
