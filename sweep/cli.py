@@ -994,7 +994,7 @@ def report(folder: Path, grid_ids: set[str], table=None):
     (the rows, the exit code)."""
     import pandas as pd
 
-    from analysis.format import readable
+    from trialrows.readable import readable
     from trialrows.read import read_results
     from trialrows.summaries import condition_table
 
