@@ -227,13 +227,12 @@ QUIET_IN_CELLS = ("optuna", "ray.tune.tune")
 
 
 def quiet_cell() -> None:
-    import logging
-
     import optuna
 
+    from trainables.worker import quiet_loggers
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # Optuna's own handler, not the logging tree's levels
-    for name in QUIET_IN_CELLS:
-        logging.getLogger(name).setLevel(logging.WARNING)
+    quiet_loggers(QUIET_IN_CELLS)
 
 
 def search_cell(spec: TrialSpec, num_layers: int, num_samples: int, trainable, folder: Path | str,

@@ -33,8 +33,13 @@ CHECKPOINT_LOGGERS = ("ray.train._internal.storage", "ray.train.v2._internal.exe
 
 def quiet_worker() -> None:
     """What a trial's process quiets before it trains: SystemExit in callbacks, and the per-checkpoint lines."""
+    quiet_stop_in_callbacks()
+    quiet_loggers(CHECKPOINT_LOGGERS)
+
+
+def quiet_loggers(names) -> None:
+    """Only warnings and errors from these loggers (a Ray worker logs INFO, and the driver forwards it)."""
     import logging
 
-    quiet_stop_in_callbacks()
-    for name in CHECKPOINT_LOGGERS:
+    for name in names:
         logging.getLogger(name).setLevel(logging.WARNING)
