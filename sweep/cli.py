@@ -76,6 +76,21 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}; its options: {self.prog} --help\n")
 
 
+def unknown_option_problems(argv: list[str], experiment: str, unknown: list[str]) -> list[str]:
+    """What argparse left unread, named as a --config key is (the experiment that takes it, or the closest
+    option). The top level takes no option, so a flag typed before the experiment's name is only misplaced."""
+    name_at = argv.index(experiment) if experiment in argv else 0
+    before = {word.partition("=")[0] for word in argv[:name_at]}
+    flags = [word.partition("=")[0] for word in unknown if word.startswith("-")]
+    problems = [f"{f}: an option of {experiment}, given before its name; give it after: python -m sweep {experiment} "
+                f"{f} ..." for f in flags if f in before]
+    problems += unknown_settings(experiment, [f[2:].replace("-", "_") for f in flags
+                                              if f.startswith("--") and f not in before])
+    others = [f for f in flags if not f.startswith("--") and f not in before] or ([] if flags else [" ".join(unknown)])
+    return problems + [f"{o}: not an option of {experiment}; its options: python -m sweep {experiment} --help"
+                       for o in others]
+
+
 def build_parser() -> argparse.ArgumentParser:
     """One sub-command per experiment, each with every experiment's options and its own (so that
     `python -m sweep EXPERIMENT --help` lists what that experiment takes). No option is read by an abbreviation
@@ -132,19 +147,8 @@ def parse_command_line(argv: list[str]) -> Sweep:
     if problems:
         raise Refused(problems)
     args, unknown = build_parser().parse_known_args(argv)
-    if unknown:  # named as a --config key is, with the experiment that takes it or the closest option
-        flags = [u.partition("=")[0] for u in unknown if u.startswith("-")]
-        others = [f for f in flags if not f.startswith("--")] or ([] if flags else [" ".join(unknown)])
-        # The top level takes no option: one the experiment takes, given before its name, is only misplaced.
-        takes = {flag_of(o.name) for o in options_of(args.experiment)} | {"--preset", "--config"}
-        at = argv.index(args.experiment) if args.experiment in argv else 0
-        before = {w.partition("=")[0] for w in argv[:at]} & takes
-        raise Refused([*(f"{f}: an option of {args.experiment}, given before its name; give it after: python -m sweep "
-                         f"{args.experiment} {f} ..." for f in flags if f in before),
-                       *unknown_settings(args.experiment, [f[2:].replace("-", "_") for f in flags
-                                                           if f.startswith("--") and f not in before]),
-                       *(f"{o}: not an option of {args.experiment}; its options: python -m sweep {args.experiment} "
-                         "--help" for o in others)])
+    if unknown:
+        raise Refused(unknown_option_problems(argv, args.experiment, unknown))
     given, preset = {}, getattr(args, "preset", None)
     if getattr(args, "config", None):
         experiment, file_preset, given = read_config(args.config)
