@@ -12,7 +12,7 @@ from sweep.grid import TrialSpec
 from trainables.ablations import ABLATIONS, REINIT_MODES, Reinit
 from trialrows.declare import Option, declared, each, known_task, setting
 from trialrows.experiments import EXPERIMENTS, OWN_OPTIONS, Experiment  # noqa: F401  (the registry, re-exported)
-from trialrows.recipe import TRAIN, Recipe, default_epochs, default_max_length, resolve_precision
+from trialrows.recipe import TRAIN, Recipe, default_epochs, default_max_length, recipe_version, resolve_precision
 
 TASK = "your own task (use its NAME in --tasks)"
 
@@ -314,6 +314,7 @@ def trial(settings: GridSettings, experiment: str, task: str, size: int, trial_i
         own_columns=tuple(own_columns.items()),
         data_fingerprint="+".join(fingerprints[t] for t in read) if fingerprints else None,
         model_fingerprint=settings.model_fingerprint,
+        recipe_version=recipe_version(read),
         **{**recipe, **extra},
     )
 

@@ -23,7 +23,7 @@ class TrialSpec(Recipe):
     subset_seed: int
     seed: int
     ablation: Reinit
-    recipe_version: int = 2  # trainables.finetune.RECIPE_VERSION: trials of another recipe are other trials
+    recipe_version: int = 2  # trialrows.recipe.recipe_version: trials of another recipe are other trials
     k: int | None = None  # incremental experiments: layers 1..k kept
     # Fields added after the first sweeps ran: they join a trial's identity only when set, so the ids of
     # trials that do not use them stay what they were.

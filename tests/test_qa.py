@@ -210,11 +210,63 @@ def test_real_sweep_on_the_shared_slices(ray_local, tiny_bert, squad_dir, tmp_pa
     for name in ("exact", "f1", "has_ans_exact", "has_ans_f1", "no_ans_exact", "no_ans_f1"):
         assert rows[f"dev_{name}"].between(0, 1).all(), name
     assert (rows["dev_metric"] == rows["dev_f1"]).all()
+    assert set(rows["recipe_version"]) == {3}, "the span head's recipe, as the trials' ids say"
     # The analysis summarizes exact match (or any other SQuAD column) as it does the headline metric.
     from analysis.stats import condition_table
 
     exact = condition_table(rows.reset_index(), value="dev_exact").set_index("k")["mean"]
     assert exact.to_dict() == pytest.approx(rows["dev_exact"].to_dict())
+
+
+def test_the_span_model_draws_its_head_alone_from_its_seed(tiny, tiny_family):
+    """Nothing random is drawn for the pretrained encoder (Hugging Face's random init of it, then overwritten,
+    was 2.7 s of a BERT-base trial's set-up); the head comes from the seed alone, the global stream untouched."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from trainables.models import build_classifier
+    from trainables.qa import build_span_model
+
+    class Draws(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.numbers = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.overloadpacket.__name__
+            if name.rstrip("_") in ("normal", "uniform", "bernoulli", "random", "exponential") and \
+                    args[0].device.type != "meta":
+                self.numbers += args[0].numel()
+            return func(*args, **(kwargs or {}))
+
+    for pretrained in (tiny, load_pretrained(tiny_family("roberta"))):
+        state = torch.get_rng_state()
+        with Draws() as draws:
+            model = build_span_model(pretrained, 7)
+        assert draws.numbers == model.qa_outputs.weight.numel(), "the head's weights alone are drawn"
+        assert torch.equal(torch.get_rng_state(), state)
+        for name, value in model.base_model.state_dict().items():
+            assert torch.equal(value, pretrained.state_dict[name]), name
+        assert torch.equal(model.base_model.embeddings.position_ids, torch.arange(model.config.max_position_embeddings)[None])
+        # the head, drawn after the encoder's fresh parts as a classifier's is, differs by seed alone
+        assert torch.equal(build_span_model(pretrained, 7).qa_outputs.weight, model.qa_outputs.weight)
+        assert not torch.equal(build_span_model(pretrained, 8).qa_outputs.weight, model.qa_outputs.weight)
+        # the encoders hand over both ways (sequential finetuning), as before
+        classifier = build_classifier(pretrained, 2, 7)
+        model.base_model.load_state_dict(classifier.base_model.state_dict())
+
+
+def test_trials_that_read_squad_are_of_the_span_heads_recipe_and_the_rest_keep_theirs():
+    from sweep.experiments import GridSettings
+    from trialrows.experiments import incremental, sequential
+
+    settings = GridSettings.of(model="bert-base-uncased", tasks=("sst2", "squad_v2"), sizes=(500,),
+                               trials=((0, 1),), k=(12,), max_length=128)  # as with sst2 alone
+    assert {s.task: s.recipe_version for s in incremental(settings, 12)} == {"sst2": 2, "squad_v2": 3}
+    (sst2,) = [s for s in incremental(settings, 12) if s.task == "sst2"]
+    assert sst2.trial_id == "incremental-sst2-n500-k12-t0-6937124c60", "a trial reading no squad keeps its id"
+    by_tasks = {(s.intermediate_task, s.task): s.recipe_version for s in sequential(settings, 12)}
+    assert by_tasks == {(None, "sst2"): 2, ("squad_v2", "sst2"): 3, ("sst2", "squad_v2"): 3, (None, "squad_v2"): 3}
 
 
 @pytest.mark.parametrize("family", ["roberta", "xlm-roberta"])

@@ -26,12 +26,8 @@ from trainables.metrics import chance_figures, compute_metrics
 from trainables.models import Pretrained, build_classifier, layer_stack, pooler
 from trainables.qa import QASplit, build_span_model, evaluate_qa, example_count, example_rows, select_questions
 from trainables.tasks import Task
-from trialrows.recipe import LR_SCHEDULES, PRECISIONS, Recipe, default_epochs, resolve_precision
-
-# Rows of this recipe say so (docs/results-schema.md): 2 = gradient clipping, weight decay on weights only,
-# a reinitialized pooler in the reinitialized group, seeds drawn from (base seed, trial index), sequential
-# weight change from the final task's start. Rows without the column were written by recipe 1.
-RECIPE_VERSION = 2
+from trialrows.recipe import LR_SCHEDULES, PRECISIONS, RECIPE_VERSION, Recipe, default_epochs, recipe_version
+from trialrows.recipe import resolve_precision
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -479,7 +475,8 @@ def finetune(
             start_weights = saved_start(resume, compute.device)
     fixed = {"epochs": cfg.epochs, "metric_name": data.metric, "model_type": pretrained.model_type, **data.columns(),
              "max_grad_norm": cfg.max_grad_norm, "eval_every": cfg.eval_every, "precision": cfg.precision,
-             "cuda_graphs": False, "triton_kernels": False, "recipe_version": RECIPE_VERSION,
+             "cuda_graphs": False, "triton_kernels": False,
+             "recipe_version": recipe_version((cfg.task, cfg.intermediate_task)),
              "resumed_from_epoch": restarted_at}
     if cfg.layer_lr_multipliers is not None:  # what the optimizer really got, layers 1..L
         fixed["layer_lrs"] = [g["initial_lr"] for g in optimizer.param_groups

@@ -11,6 +11,7 @@ import dataclasses
 import hashlib
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -199,16 +200,19 @@ def classifier_skeleton(pretrained: Pretrained, num_labels: int) -> nn.Module:
 _GLOBAL_GENERATOR = threading.Lock()
 
 
-def init_fresh_parts(model: nn.Module, seed: int) -> None:
+def init_fresh_parts(model: nn.Module, seed: int, then: Callable[[], None] | None = None) -> None:
     """Hugging Face's initializer over the model, skipping every parameter marked loaded (`mark_loaded`): the
     rest is drawn from torch's generator seeded with `seed`, in the model's own order; buffers are rebuilt.
     One at a time: the draw seeds torch's one global generator (a fused pack sets its trials up in threads).
     The marks come off afterwards: while any model's initializer runs, transformers swaps torch.nn.init's
     functions, in every thread, for ones that skip marked tensors, which would quietly skip the surgery
-    another thread is drawing into a marked model."""
+    another thread is drawing into a marked model. `then` draws more from the same stream after it (a head that
+    is no part of the Hugging Face model)."""
     with _GLOBAL_GENERATOR, torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model.initialize_weights()
+        if then is not None:
+            then()
     for param in model.parameters():
         param.__dict__.pop("_is_hf_initialized", None)
 

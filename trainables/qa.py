@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from trainables.data import TokenizedSplit, TokenizedTask, collate, eval_batches
-from trainables.models import Pretrained, load_encoder_weights
+from trainables.models import Pretrained, init_fresh_parts, load_encoder_weights
 from trainables.tasks import SQUAD_V2, TaskData, get_task
 
 if TYPE_CHECKING:  # an annotation only: trial workers never load datasets
@@ -206,7 +206,10 @@ class SpanModel(nn.Module):
         if getattr(classifier_encoder, "pooler", None) is None and getattr(self.base_model, "pooler", None) is not None:
             self.base_model.pooler = None
         self.qa_outputs = nn.Linear(int(config.hidden_size), 2)
-        nn.init.normal_(self.qa_outputs.weight, std=float(getattr(config, "initializer_range", 0.02)))
+        self.init_head()
+
+    def init_head(self) -> None:
+        nn.init.normal_(self.qa_outputs.weight, std=float(getattr(self.config, "initializer_range", 0.02)))
         nn.init.zeros_(self.qa_outputs.bias)
 
     def forward(self, input_ids, attention_mask, **inputs) -> SpanLogits:
@@ -217,10 +220,16 @@ class SpanModel(nn.Module):
 
 
 def build_span_model(pretrained: Pretrained, seed: int) -> SpanModel:
-    """A span model with the pretrained encoder and a fresh head drawn from `seed`."""
-    torch.manual_seed(seed)
-    model = SpanModel(copy.deepcopy(pretrained.config))
+    """A span model with the pretrained encoder and a fresh head drawn from `seed` (recipe 3), as
+    `build_classifier` builds its model: on the meta device, so that nothing random is drawn for what the
+    checkpoint holds; the encoder's initializer then draws just what it lacks (a pooler, for some checkpoints),
+    and the head is drawn after it, from torch's generator seeded with `seed`, leaving the global stream as it
+    was."""
+    with torch.device("meta"):
+        model = SpanModel(copy.deepcopy(pretrained.config))
+    model.to_empty(device="cpu")
     load_encoder_weights(model.base_model, pretrained)
+    init_fresh_parts(model.base_model, seed, then=model.init_head)
     return model
 
 
