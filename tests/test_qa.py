@@ -247,7 +247,8 @@ def test_the_span_model_draws_its_head_alone_from_its_seed(tiny, tiny_family):
         assert torch.equal(torch.get_rng_state(), state)
         for name, value in model.base_model.state_dict().items():
             assert torch.equal(value, pretrained.state_dict[name]), name
-        assert torch.equal(model.base_model.embeddings.position_ids, torch.arange(model.config.max_position_embeddings)[None])
+        positions = torch.arange(model.config.max_position_embeddings)[None]
+        assert torch.equal(model.base_model.embeddings.position_ids, positions), "buffers made again"
         # the head, drawn after the encoder's fresh parts as a classifier's is, differs by seed alone
         assert torch.equal(build_span_model(pretrained, 7).qa_outputs.weight, model.qa_outputs.weight)
         assert not torch.equal(build_span_model(pretrained, 8).qa_outputs.weight, model.qa_outputs.weight)
