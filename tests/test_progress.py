@@ -153,9 +153,22 @@ def test_a_real_sweep_console_says_what_it_prepares_shows_progress_and_no_ray_ba
     assert any(line.startswith("preparing 2 trials: loading and tokenizing synthetic") for line in lines)
     assert out.count("tensorboard --logdir") == 1 and f"tensorboard --logdir {tmp_path / 'watch'}" in out
     assert "Configuration for experiment" not in out and "View detailed results here" not in out
+    assert "Loading weights" not in out, "transformers' bar over the model's tensors"
     ended = [line for line in lines if " | ended: incremental-synthetic-n16-" in line]
     assert len(ended) == 2 and ended[-1].startswith("[2/2] ok 2 · diverged 0 · failed 0 · running 0 · pending 0")
     assert lines.index(ended[0]) > next(i for i, line in enumerate(lines) if line.startswith("[0/2] "))
+
+
+def test_loading_the_model_leaves_transformers_progress_bars_as_it_found_them(tiny_bert):
+    from transformers.utils import logging
+
+    from trainables.models import load_pretrained
+
+    for enabled in (True, False):
+        (logging.enable_progress_bar if enabled else logging.disable_progress_bar)()
+        load_pretrained(tiny_bert)
+        assert logging.is_progress_bar_enabled() == enabled
+    logging.enable_progress_bar()
 
 
 def test_a_pack_counts_and_ends_each_member(capsys, tmp_path):

@@ -6,6 +6,7 @@ Ray share the weights through its object store.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import hashlib
@@ -137,8 +138,9 @@ def load_pretrained(name: str) -> Pretrained:
     # safetensors only and no remote code: a model folder from elsewhere must not run code here. float32
     # master weights whatever dtype the checkpoint was saved in (transformers would keep a bf16 one bf16, and
     # every classifier built from its config too); --precision bf16 is autocast over them.
-    base, info = AutoModel.from_pretrained(path, use_safetensors=True, trust_remote_code=False,
-                                           output_loading_info=True, dtype=torch.float32)
+    with no_progress_bar():  # a bar over the tensors of every load: a screen of a sweep's output, saying nothing
+        base, info = AutoModel.from_pretrained(path, use_safetensors=True, trust_remote_code=False,
+                                               output_loading_info=True, dtype=torch.float32)
     # transformers fills a weight the checkpoint lacks with random values and only logs it; a "pretrained"
     # layer that is in fact random would void every comparison. A pooler may be absent (RoBERTa-style
     # checkpoints need none), and so may buffers such as position_ids.
@@ -148,6 +150,20 @@ def load_pretrained(name: str) -> Pretrained:
     # A pooler the checkpoint lacks stays out: the classifier draws it fresh, and [CLS] probes are refused.
     state = {k: v.detach().clone() for k, v in base.state_dict().items() if k not in info["missing_keys"]}
     return Pretrained(name=name, path=path, config=base.config, state_dict=state)
+
+
+@contextlib.contextmanager
+def no_progress_bar():
+    """transformers' progress bars off for a while (the switch is its whole process's), then as they were."""
+    from transformers.utils import logging
+
+    was = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            logging.enable_progress_bar()
 
 
 def weights_fingerprint(pretrained: Pretrained) -> str:
