@@ -80,6 +80,9 @@ def unknown_option_problems(argv: list[str], experiment: str, unknown: list[str]
     """What argparse left unread, named as a --config key is (the experiment that takes it, or the closest
     option). The top level takes no option, so a flag typed before the experiment's name is only misplaced."""
     name_at = argv.index(experiment) if experiment in argv else 0
+    if "--" in argv[name_at:]:  # argparse reads what follows it as no options at all
+        given = [word for word in argv[name_at + 1:] if word != "--"]
+        return [f"--: options go without it: python -m sweep {experiment} {' '.join(given)}".rstrip()]
     before = {word.partition("=")[0] for word in argv[:name_at]}
     flags = [word.partition("=")[0] for word in unknown if word.startswith("-")]
     problems = [f"{f}: an option of {experiment}, given before its name; give it after: python -m sweep {experiment} "

@@ -162,6 +162,9 @@ def test_an_unknown_option_or_bad_value_is_one_line_that_says_what_is_allowed(tm
                                     "--help"]
     err = refused(["incremental", "sst2"], capsys, tmp_path / "store")
     assert "sst2: not an option of incremental; its options: python -m sweep incremental --help" in err
+    # argparse reads everything after a `--` as words, not options: it was "--: not a setting"
+    err = refused(["incremental", "--", "--k", "3"], capsys, tmp_path / "store")
+    assert err.splitlines()[1].startswith("  - --: options go without it: python -m sweep incremental --k 3 --storage")
 
 
 def test_an_option_given_before_the_experiments_name_says_to_give_it_after(tmp_path, capsys):
