@@ -220,7 +220,8 @@ def test_real_sweep_on_the_shared_slices(ray_local, tiny_bert, squad_dir, tmp_pa
 
 def test_the_span_model_draws_its_head_alone_from_its_seed(tiny, tiny_family):
     """Nothing random is drawn for the pretrained encoder (Hugging Face's random init of it, then overwritten,
-    was 2.7 s of a BERT-base trial's set-up); the head comes from the seed alone, the global stream untouched."""
+    was 1.0 s of a BERT-base trial's set-up on one CPU thread); the head comes from the seed alone, the global
+    stream untouched."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 

@@ -35,7 +35,7 @@ QA_TASK = "squad_v2"  # question answering (trainables.qa): its windows take QA_
 # reinitialized pooler in the reinitialized group, seeds drawn from (base seed, trial index), sequential weight
 # change from the final task's start. Rows without the column were written by recipe 1. 3 = recipe 2 with the span
 # model's head drawn from the trial's seed alone: before, it came from the global stream after Hugging Face's
-# random init of the whole encoder, which the pretrained weights then overwrote (2.7 s of a BERT-base trial's
+# random init of the whole encoder, which the pretrained weights then overwrote (1.0 s of a BERT-base trial's
 # set-up). Other head weights make other trials; a trial that reads no question-answering task keeps recipe 2,
 # its id and its numbers.
 RECIPE_VERSION, SPAN_RECIPE_VERSION = 2, 3
