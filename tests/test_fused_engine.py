@@ -221,6 +221,16 @@ def test_a_probe_counts_what_it_tracks_and_makes_not_what_others_hold(device):
     assert 8_000_000 <= held <= 8_500_000 and others.numel(), held
 
 
+def small_dev(data, n: int = 200):
+    """`data` with its first `n` dev examples (two evaluation batches, the second partial): evaluating the whole
+    dev set took a pack longer than an epoch of its steps, and a run's numbers are compared with another's."""
+    from trainables.data import TokenizedSplit
+
+    dev, end = data.validation, data.validation.offsets[n]
+    return dataclasses.replace(data, validation=TokenizedSplit(dev.input_ids[:end], dev.token_type_ids[:end],
+                                                               dev.offsets[:n + 1], dev.labels[:n]))
+
+
 def run(cfgs, data, pretrained, **options):
     reports = []
     results = finetune_pack(cfgs, data, pretrained, report=reports.append, **options)
@@ -241,13 +251,13 @@ SPLIT = [dataclasses.replace(c, eval_every=1) for c in (MIXED[0], MIXED[1], MIXE
 
 @pytest.fixture(scope="module")
 def whole(pretrained, synthetic):
-    """SPLIT's results as one pack that never runs out of memory."""
-    return run(SPLIT, synthetic, pretrained)[0]
+    """SPLIT's results as one pack that never runs out of memory (on small_dev, as the tests that read it)."""
+    return run(SPLIT, small_dev(synthetic), pretrained)[0]
 
 
 def test_an_out_of_memory_pack_splits_and_every_member_ends_as_it_would_have(pretrained, synthetic, whole,
                                                                               monkeypatch):
-    cfgs = SPLIT
+    cfgs, synthetic = SPLIT, small_dev(synthetic)
     monkeypatch.setenv(OOM_ABOVE, "2:4")  # 3 steps an epoch: the pack of 4 fails at epoch 2's second step
     split, reports = run(cfgs, synthetic, pretrained)
     same_numbers(split, whole)
@@ -281,6 +291,7 @@ def test_a_pack_out_of_memory_at_its_evaluation_splits_and_its_halves_draw_the_n
     """The next epoch's batch orders are drawn while an epoch's steps run; an evaluation that fails after them
     hands the halves the streams as they were before that draw."""
     cfgs = [dataclasses.replace(c, epochs=2, eval_every=1) for c in (MIXED[0], MIXED[1], MIXED[5], MIXED[6])]
+    synthetic = small_dev(synthetic)
     whole, _ = run(cfgs, synthetic, pretrained)
     failed = evaluation_fails_once(monkeypatch, size=4)  # the first one
     split, reports = run(cfgs, synthetic, pretrained)
@@ -293,7 +304,7 @@ def test_a_pack_out_of_memory_while_it_is_set_up_splits_and_every_member_ends_as
     """The set-up's own allocations can fail too: the first group's banks made on the card, or a later group's
     host memory made in the background while the group before trains. Nothing has trained; the halves are set
     up afresh, with the same draws."""
-    cfgs = SPLIT
+    cfgs, synthetic = SPLIT, small_dev(synthetic)
     original, failed = PackParts.set_up.__func__, []
 
     def set_up(cls, cfgs, *args, **kwargs):
@@ -335,6 +346,7 @@ def test_a_step_runs_out_of_memory_before_its_update_or_fails_whole_never_taken_
     """A step allocates what it needs before it updates the weights: an out-of-memory error up to there splits
     the pack, whose halves take the step once. One during the update itself (left partly done) fails the call,
     where its halves would have taken the step again from the partly updated weights."""
+    synthetic = small_dev(synthetic)
     read, calls = RowGradient.read, []
 
     def reading(self):
@@ -373,6 +385,7 @@ def test_a_split_pack_keeps_the_seconds_of_the_steps_it_keeps(pretrained, synthe
 
     monkeypatch.setattr(Pack, "step", step)
     cfgs = [dataclasses.replace(c, epochs=2, eval_every=0) for c in SPLIT]  # 3 steps an epoch
+    synthetic = small_dev(synthetic)
     monkeypatch.setenv(OOM_ABOVE, "2:4")  # the pack of 4's fifth step fails (it slept first), then halves of 2
     split, _ = run(cfgs, synthetic, pretrained)
     assert all(r["train_seconds"] >= 5 * STEP / 4 + 2 * STEP / 2 for r in split), [r["train_seconds"] for r in split]
@@ -384,7 +397,7 @@ def test_a_split_pack_keeps_the_seconds_of_the_steps_it_keeps(pretrained, synthe
 
 def test_a_pack_resumed_from_its_checkpoint_ends_with_the_same_numbers(pretrained, synthetic, tmp_path, monkeypatch):
     cfgs = [dataclasses.replace(c, epochs=3, eval_every=1) for c in (MIXED[2], MIXED[3], MIXED[4])]
-    saved = []
+    synthetic, saved = small_dev(synthetic), []
 
     def save(state):  # written at once, as EpochCheckpoints does: training goes on changing the live tensors
         saved.append(tmp_path / f"state{len(saved)}")
@@ -551,6 +564,7 @@ def test_a_finished_or_split_pack_is_gone_before_the_next_one_is_built(quiet, sy
 
     monkeypatch.setattr(Pack, "__init__", watched)
     cfgs = [dataclasses.replace(c, epochs=1) for c in (MIXED[0], MIXED[1], MIXED[5], MIXED[6])]
+    synthetic = small_dev(synthetic)
     was_enabled = gc.isenabled()
     gc.collect()
     gc.disable()

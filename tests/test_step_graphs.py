@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from tests.test_fused import MIXED
-from tests.test_fused_engine import Calls, as_on_gpu, same_numbers
+from tests.test_fused_engine import Calls, as_on_gpu, same_numbers, small_dev
 from trainables import fused
 from trainables.fused import Pack, StepGraphs
 from trainables.rows import make_row
@@ -197,14 +197,17 @@ def test_a_pack_keeps_its_recordings_through_evaluations_between_epochs(pretrain
     """finetune_pack with a dev evaluation after every epoch: the gradient banks stay, so each shape is recorded
     once for the run, not once an epoch, and the trials end with the numbers of steps run op by op."""
     made: list[StepGraphs] = []
-    cfgs = [dataclasses.replace(c, epochs=3, eval_every=1) for c in CFGS]
+    # 8 steps an epoch: shape A recorded in the first epoch and replayed through both evaluations, B recorded in
+    # the third
+    cfgs = [dataclasses.replace(c, epochs=3, eval_every=1, train_size=32) for c in CFGS]
+    synthetic = small_dev(synthetic)
     monkeypatch.setattr(fused, "step_graphs", op_by_op)
     expected = fused.finetune_pack(cfgs, synthetic, pretrained)
     monkeypatch.setattr(fused, "step_graphs", graphs_made(made))
     got = fused.finetune_pack(cfgs, synthetic, pretrained)
     (graphs,) = made  # the last evaluation gave the recordings back: each shape seen is counted in `seen`
     recorded_shapes = sum(seen > graphs.warm_up for seen in graphs.seen.values())
-    assert graphs.replays >= 2 * 16 and graphs.recordings == recorded_shapes >= 2, (graphs.seen, graphs.figures())
+    assert graphs.replays >= 2 * 8 and graphs.recordings == recorded_shapes >= 2, (graphs.seen, graphs.figures())
     for a, b in zip(expected, got):
         assert len(b["dev_metrics_by_epoch"]) == 3
         for key in ("dev_metrics_by_epoch", "train_loss", "weight_distance", "clipped_steps", "lr_last"):
@@ -221,7 +224,8 @@ def test_with_graphs_a_pack_resumed_or_split_ends_with_the_numbers_of_one_run_op
     back with a checkpoint, and with a split's halves: a pack resumed ends bitwise as the pack run through, and
     a pack split as the same split op by op. (A split itself may move a GPU pack's numbers by a rounding: its
     halves' batches are bucketed to their own widths.)"""
-    cfgs = [dataclasses.replace(c, epochs=3, eval_every=1) for c in CFGS[:3]]
+    cfgs = [dataclasses.replace(c, epochs=3, eval_every=1, train_size=32) for c in CFGS[:3]]  # 8 steps an epoch
+    synthetic = small_dev(synthetic)
     saved, made = [], []
 
     def save(state):
@@ -236,7 +240,7 @@ def test_with_graphs_a_pack_resumed_or_split_ends_with_the_numbers_of_one_run_op
     clean = fused.finetune_pack(cfgs, synthetic, pretrained, save=save, pack_id="p")
     resumed = fused.finetune_pack(cfgs, synthetic, pretrained, resume=load_state(saved[0]), pack_id="p")
     assert numbers(resumed) == numbers(clean) and {r["resumed_from_epoch"] for r in resumed} == {1}
-    monkeypatch.setenv(fused.OOM_ABOVE, "2:21")  # epoch 2's sixth step, a replayed one: the pack of 3 splits
+    monkeypatch.setenv(fused.OOM_ABOVE, "2:13")  # epoch 2's sixth step, a replayed one: the pack of 3 splits
     split = fused.finetune_pack(cfgs, synthetic, pretrained)
     monkeypatch.setattr(fused, "step_graphs", op_by_op)
     assert numbers(split) == numbers(fused.finetune_pack(cfgs, synthetic, pretrained))
@@ -245,7 +249,7 @@ def test_with_graphs_a_pack_resumed_or_split_ends_with_the_numbers_of_one_run_op
     # the halves went on from the step the pack stopped at (both ways of counting), to the numbers it would have
     # had whole, but for the rounding of their own widths
     assert [(g.pack.optimizer.step_count, int(g.pack.optimizer.steps)) for g in made[2:]] == \
-        [(21, 21), (48, 48), (48, 48)]
+        [(13, 13), (24, 24), (24, 24)]
     same_numbers(split, clean)
 
 

@@ -31,6 +31,16 @@ def interpreted(monkeypatch):
         made.cache_clear()
 
 
+@pytest.fixture
+def few_blocks(monkeypatch):
+    """Two blocks a row where the kernels' own choice makes more: the interpreter runs a launch's programs one
+    by one, a few milliseconds each whatever its block, and the banks' rows in blocks of 4096 made each step of
+    a pack take seconds. A row still spans blocks and its last block is still masked."""
+    chosen = triton_kernels.block_for
+    monkeypatch.setattr(triton_kernels, "block_for", lambda triton, width: max(
+        chosen(triton, width), triton.next_power_of_2(triton.cdiv(width, 2))))
+
+
 def torch_update(param, grad, m, v, coef, lr, steps, decay):
     """What the kernel replaces: the clipping multiply, then torch's fused AdamW, on copies."""
     param, grad, m, v = (t.clone() for t in (param, grad, m, v))
@@ -91,17 +101,21 @@ def kernel_and_torch_packs(cfgs, data, pretrained, monkeypatch):
 
 
 @pytest.mark.parametrize("decay", [0.01, 0.0], ids=["decay", "vocabulary-rows"])
-def test_a_pack_updated_by_the_kernel_trains_as_one_updated_by_torch(pretrained, synthetic, interpreted, monkeypatch,
-                                                                      decay):
+def test_a_pack_updated_by_the_kernel_trains_as_one_updated_by_torch(pretrained, synthetic, interpreted, few_blocks,
+                                                                      monkeypatch, decay):
     """Mixed learning rates and per-layer rates (a trial's own runs of columns), clipped and unclipped trials, and
     without decay the word table's rows by index."""
-    cfgs = [dataclasses.replace(MIXED[i], weight_decay=decay) for i in (0, 3, 4, 5)]
+    # each trial's runs are launches of their own, and each launch's programs take the interpreter a while: three
+    # trials, two steps an epoch (the second reads the moments the first wrote)
+    cfgs = [dataclasses.replace(MIXED[i], weight_decay=decay, train_size=12) for i in (3, 4, 5)]
     kernel, plain = kernel_and_torch_packs(cfgs, synthetic, pretrained, monkeypatch)
     assert (kernel.optimizer.word_rows is None) == (decay != 0)
     assert any(count == 1 for _, _, _, count, _, _ in kernel.optimizer.sweeps), "per-layer rates: a trial's own runs"
     for _ in range(1 if decay else 2):  # with decay, a launch for each run of columns: slow in the interpreter
-        torch.testing.assert_close(kernel.train_epoch()[0], plain.train_epoch()[0], rtol=1e-5, atol=1e-6)
-    assert kernel.clipped.tolist() == plain.clipped.tolist() and kernel.clipped.any()
+        losses = kernel.train_epoch()[0]
+        assert len(losses) == 2
+        torch.testing.assert_close(losses, plain.train_epoch()[0], rtol=1e-5, atol=1e-6)
+    assert kernel.clipped.tolist() == plain.clipped.tolist() and kernel.clipped.any() and not kernel.clipped.all()
     for got, want in zip(state(kernel), state(plain)):  # Adam's m / sqrt(v) of tiny moments moves a few ulps
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
@@ -123,10 +137,12 @@ def test_the_word_tables_clipping_norm_over_the_vocabulary_rows_is_the_whole_tab
     assert (fused.word_squared_norms(pack) > 0).all()
 
 
-def test_in_bf16_the_kernel_writes_the_cast_and_the_step_makes_none(pretrained, synthetic, interpreted, monkeypatch):
-    cfgs = [dataclasses.replace(MIXED[i], precision="bf16") for i in (0, 6)]
+def test_in_bf16_the_kernel_writes_the_cast_and_the_step_makes_none(pretrained, synthetic, interpreted, few_blocks,
+                                                                    monkeypatch):
+    cfgs = [dataclasses.replace(MIXED[i], precision="bf16", train_size=12) for i in (0, 6)]
     kernel, plain = kernel_and_torch_packs(cfgs, synthetic, pretrained, monkeypatch)
     batches, labels = kernel.plan(kernel.orders())
+    assert len(batches) == 2  # the interpreter takes seconds over a step: one, then one that reads its cast
     for pack in (kernel, plain):
         pack.step(batches[0], labels[0])
     low = kernel.encoder.low
@@ -144,21 +160,34 @@ def test_in_bf16_the_kernel_writes_the_cast_and_the_step_makes_none(pretrained, 
 
 
 def test_recorded_steps_updated_by_the_kernel_keep_the_cast_and_the_numbers(pretrained, synthetic, interpreted,
-                                                                              monkeypatch):
+                                                                              few_blocks, monkeypatch):
     """As tests/test_step_graphs.py records and replays steps, with the kernel: the recording's update (an
     operator of its own) replays, and each replay leaves the cast made, so that the next step reads the new
     weights: the very numbers of the same steps run op by op."""
     monkeypatch.setattr(fused, "write_rows", lambda table, rows, values: table.index_copy_(0, rows, values))
     monkeypatch.setenv(TRITON, "1")
-    # no decay: a launch a bank and one over the word rows (the interpreter takes a while over each launch)
-    cfgs = [dataclasses.replace(c, precision="bf16", weight_decay=0.0) for c in CFGS[:3]]
+    # no decay: a launch a bank and one over the word rows (the interpreter takes a while over each launch, and
+    # over each trial's rows): a clipped trial and one never clipped, an epoch of 6 steps
+    cfgs = [dataclasses.replace(CFGS[i], precision="bf16", weight_decay=0.0, train_size=24) for i in (0, 2)]
     recorded, op_by_op = as_on_gpu(Pack(cfgs, synthetic, pretrained)), as_on_gpu(Pack(cfgs, synthetic, pretrained))
-    recorded.graphs = StepGraphs(recorded, graph=RecordedOps, side=Here())
+    graphs = recorded.graphs = StepGraphs(recorded, graph=RecordedOps, side=Here())
     op_by_op.optimizer.read_lr_from_device()  # as the graphs read them
-    # 10 of an epoch's 16 steps: the interpreter takes seconds over each step's launches
-    for got, want in zip(epochs(recorded, 1, steps=10), epochs(op_by_op, 1, steps=10)):
+    ran = []
+
+    def step(batch, labels, take=recorded.step):
+        replays = graphs.replays
+        losses = take(batch, labels)
+        ran.append("replayed" if graphs.replays > replays else "op by op")
+        return losses
+
+    recorded.step = step
+    for got, want in zip(epochs(recorded, 1), epochs(op_by_op, 1)):
         assert torch.equal(got, want)
-    assert recorded.graphs.replays > 5 and recorded.encoder.low_at == recorded.optimizer.step_count
+    # a new shape's step op by op after a replay, a replay after it, replays in a row: each reads the cast of
+    # the step before
+    assert ran == ["op by op", "replayed", "op by op", "replayed", "replayed", "replayed"], ran
+    assert recorded.encoder.low_at == recorded.optimizer.step_count == 6
+    assert recorded.clipped.tolist()[1] == 0 < recorded.clipped.tolist()[0] < 6
     assert all(torch.equal(a, b) for a, b in zip(state(recorded), state(op_by_op)))
     assert torch.equal(recorded.encoder.low, op_by_op.encoder.low)
 
