@@ -64,8 +64,21 @@ def test_changed_data_or_weights_run_as_new_trials_and_say_so(ray_local, tmp_pat
     assert "1 already done, 0 to run" in capsys.readouterr().out
 
 
-def test_rows_written_before_fingerprints_still_count_as_done(ray_local, tiny_bert, tmp_path, capsys):
-    assert main(argv(tiny_bert, tmp_path, "old")) == 0
+@pytest.fixture(scope="module")
+def landed_sweep(ray_local, tiny_bert, tmp_path_factory) -> Path:
+    """The store of `argv`'s sweep, landed (two trials), for the tests below to copy: the same sweep each ran."""
+    storage = tmp_path_factory.mktemp("landed")
+    assert main(argv(tiny_bert, storage, "landed")) == 0
+    return storage / "landed"
+
+
+def landed_as(landed_sweep: Path, storage: Path, name: str) -> None:
+    """A copy of the landed sweep's store as sweep `name` in `storage` (its rows, Tune's folders and config)."""
+    shutil.copytree(landed_sweep, storage / name)
+
+
+def test_rows_written_before_fingerprints_still_count_as_done(landed_sweep, tiny_bert, tmp_path, capsys):
+    landed_as(landed_sweep, tmp_path, "old")
     rows = tmp_path / "old" / "rows"
     for path in rows.glob("*.parquet"):  # as an older version wrote them: no fingerprints, the old ids
         (row,) = pq.read_table(path).to_pylist()
@@ -86,8 +99,8 @@ def test_rows_written_before_fingerprints_still_count_as_done(ray_local, tiny_be
     assert "2 rows predate fingerprints" in status(str(tmp_path), "old")
 
 
-def test_a_damaged_row_makes_a_rerun_train_that_trial_alone(ray_local, tiny_bert, tmp_path, capsys):
-    assert main(argv(tiny_bert, tmp_path, "damaged")) == 0
+def test_a_damaged_row_makes_a_rerun_train_that_trial_alone(landed_sweep, tiny_bert, tmp_path, capsys):
+    landed_as(landed_sweep, tmp_path, "damaged")
     damaged, kept = sorted((tmp_path / "damaged" / "rows").glob("*.parquet"))
     kept_bytes = kept.read_bytes()
     damaged.write_bytes(damaged.read_bytes()[:100])

@@ -123,14 +123,8 @@ def test_real_sweep_with_packs_writes_the_rows_of_unfused_trials(ray_local, quie
     files = sorted(p.name for p in (tmp_path / "packed" / "rows").iterdir())
     assert main([*argv, "--pack", "2", "--name", "packed"]) == 0
     assert sorted(p.name for p in (tmp_path / "packed" / "rows").iterdir()) == files
-
-    # The default on a CPU (auto): each trial a pack of its own, the same numbers again.
-    assert main([*argv, "--name", "auto"]) == 0
-    auto = read_results(tmp_path / "auto").set_index("trial_id").sort_index()
-    assert list(auto.index) == list(alone.index) and set(auto["pack_size"]) == {1}
-    assert (auto["pack_id"] == auto.index).all(), "a pack of one is named by its trial"
-    np.testing.assert_allclose(auto["dev_metric"], alone["dev_metric"], atol=1e-9)
-    np.testing.assert_allclose(auto["train_loss"], alone["train_loss"], rtol=2e-4)
+    # The default on a CPU (auto), each trial a pack of its own: tests/test_sweep.py's real sweep; a pack of one
+    # trains as the trial alone: tests/test_fused.py (pack1).
 
 
 def test_a_resume_forms_again_each_earlier_pack_it_can_and_groups_the_rest_as_before():

@@ -63,6 +63,8 @@ def test_real_sweep_writes_rows_skips_done_and_runs_only_new_cells(ray_local, ti
                    "max_grad_norm", "clipped_steps", "precision", "recipe_version"]:
         assert column in rows.columns and rows[column].notna().all(), column
     assert all(len(x) == 2 for x in rows["dev_metrics_by_epoch"])
+    assert set(rows["pack_size"]) == {1} and (rows["pack_id"] == rows["trial_id"]).all(), \
+        "the default on a CPU (--pack auto): each trial a fused pack of its own, named by it"
     assert (rows.groupby("trial_index")["subset_seed"].nunique() == 1).all()
     files = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "t" / "rows").iterdir()}
 
