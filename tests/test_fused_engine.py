@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
-import time
+import types
 
 import numpy as np
 import pytest
@@ -376,14 +376,20 @@ def test_a_step_runs_out_of_memory_before_its_update_or_fails_whole_never_taken_
 def test_a_split_pack_keeps_the_seconds_of_the_steps_it_keeps(pretrained, synthetic, monkeypatch):
     """A member's train_seconds (whence its row's MFU) count the steps that made its numbers: those the whole
     pack took before an out-of-memory error (a share of each) as well as its half's."""
-    STEP = 0.25  # seconds each step is made to take, far above the rest of a step here
+    # The engine's clock moves STEP a step and nowhere else, so that the seconds counted are the steps' alone: on a
+    # wall clock the halves' own compute nearly made up the seconds of the steps before the split, and a defect
+    # losing those missed the bound below by only 0.02 s, which a busy machine's slower steps would have made up.
+    import trainables.fused as fused
+
+    STEP, now = 0.25, [0.0]
     original = Pack.step
 
     def step(self, *args, **kwargs):
-        time.sleep(STEP)
+        now[0] += STEP
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(Pack, "step", step)
+    monkeypatch.setattr(fused, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
     cfgs = [dataclasses.replace(c, epochs=2, eval_every=0) for c in SPLIT]  # 3 steps an epoch
     synthetic = small_dev(synthetic)
     monkeypatch.setenv(OOM_ABOVE, "2:4")  # the pack of 4's fifth step fails (it slept first), then halves of 2

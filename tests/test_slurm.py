@@ -110,16 +110,27 @@ echo "step node=$node cpus=$cpus: $*" >> "$FAKE_LOG"
 exec "$@"
 """
 FAKE_RAY = r"""#!/usr/bin/env bash
-# `ray start ... --block` stays until it is stopped, as a node would; nothing else is asked of it here.
-echo "ray $*" >> "$FAKE_LOG"
+# `ray start ... --block` stays until it is stopped, as a node would (its stop in hand before it says it started);
+# nothing else is asked of it here.
 if [ "${1:-}" = start ]; then
   trap 'echo "ray stopped" >> "$FAKE_LOG"; exit 0' TERM
+  echo "ray $*" >> "$FAKE_LOG"
   while :; do sleep 0.05; done
 fi
+echo "ray $*" >> "$FAKE_LOG"
 """
 FAKE_PYTHON = r"""#!/usr/bin/env bash
-# The script's wait for its nodes (a program on stdin) says they joined; the sweep is recorded.
-if [ "${1:-}" = - ]; then cat > /dev/null; echo "$3 nodes alive in the Ray cluster at $2"; exit 0; fi
+# The script's wait for its nodes (a program on stdin) returns once that many have started, as Ray's does once
+# they are alive (an at-once answer let the script stop a node whose srun had not yet started it, on a busy
+# machine); the sweep is recorded.
+if [ "${1:-}" = - ]; then
+  cat > /dev/null
+  for _ in $(seq 600); do
+    [ "$(grep -c '^ray start' "$FAKE_LOG" 2> /dev/null)" -ge "$3" ] && break
+    sleep 0.05
+  done
+  echo "$3 nodes alive in the Ray cluster at $2"; exit 0
+fi
 echo "python $*" >> "$FAKE_LOG"
 """
 
