@@ -14,6 +14,7 @@ import trainables.finetune as ft
 from sweep.cli import main
 from sweep.experiments import GridSettings, trial_seeds
 from trialrows.experiments import incremental
+import trialrows.recipe as recipe
 from trainables.ablations import Reinit, apply_ablation
 from trainables.finetune import FinetuneConfig, finetune, make_optimizer, not_decayed
 from trainables.models import build_classifier, layer_stack, pooler
@@ -46,7 +47,7 @@ def test_gradients_above_the_norm_are_cut_and_counted(pretrained, synthetic):
     assert max(free) > limit and unclipped["clipped_steps"] == 0 and unclipped["max_grad_norm"] == 0
     assert max(clipped) <= limit * (1 + 1e-5), "no step went through with a gradient above max_grad_norm"
     assert 1 <= result["clipped_steps"] <= 8 and result["max_grad_norm"] == limit
-    assert result["recipe_version"] == ft.RECIPE_VERSION == 2
+    assert result["recipe_version"] == recipe.RECIPE_VERSION == 2
     # Only the steps above the limit were touched: the first step (same weights, same batch) had its gradient cut
     # exactly when it was above the limit.
     assert math.isclose(clipped[0], min(free[0], limit), rel_tol=1e-5)

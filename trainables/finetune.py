@@ -26,8 +26,7 @@ from trainables.metrics import chance_figures, compute_metrics
 from trainables.models import Pretrained, build_classifier, layer_stack, pooler
 from trainables.qa import QASplit, build_span_model, evaluate_qa, example_count, example_rows, select_questions
 from trainables.tasks import Task
-from trialrows.recipe import LR_SCHEDULES, PRECISIONS, RECIPE_VERSION, Recipe, default_epochs, recipe_version
-from trialrows.recipe import resolve_precision
+from trialrows.recipe import LR_SCHEDULES, PRECISIONS, Recipe, default_epochs, recipe_version, resolve_precision
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

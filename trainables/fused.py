@@ -54,7 +54,7 @@ import torch.nn.functional as F
 from trainables.ablations import apply_ablation
 from trainables.cost import FlopShape, cost_fields, flop_shape, peak_flops
 from trainables.data import TokenizedSplit, TokenizedTask, draw_subset, eval_batches, train_batches
-from trainables.finetune import (RECIPE_VERSION, Compute, FinetuneConfig, evaluated_at, hold_out, make_optimizer,
+from trainables.finetune import (Compute, FinetuneConfig, evaluated_at, hold_out, make_optimizer,
                                  pick_device, schedule_steps)
 from trainables.memory import peak_bytes
 from trainables.metrics import chance_figures, compute_metrics
@@ -63,6 +63,7 @@ from trainables.models import (Pretrained, classifier_skeleton, embeddings, enco
 from trainables.switches import CUDA_GRAPHS, switch_on
 from trainables.tasks import SQUAD_V2
 from trainables.triton_kernels import adamw_clipped, dropout_masks, step_scalars, use_triton
+from trialrows.recipe import recipe_version
 
 # Model types whose encoder has BERT's layout (post-LayerNorm layers, absolute positions, pooler + linear
 # head); RoBERTa, ELECTRA and XLM-R share most of it but differ in positions or heads: they run unfused.
@@ -2123,7 +2124,7 @@ class Trainer:
             "precision": cfg.precision,
             "cuda_graphs": pack.graphs_on,
             "triton_kernels": pack.triton,
-            "recipe_version": RECIPE_VERSION,
+            "recipe_version": recipe_version((member.task, member.intermediate_task)),
             "train_seconds": ledger.train_seconds,
             "eval_seconds": ledger.eval_seconds,
             "wall_seconds": ledger.wall_seconds + time.perf_counter() - self.started,
