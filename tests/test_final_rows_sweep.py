@@ -72,13 +72,8 @@ def landed_sweep(ray_local, tiny_bert, tmp_path_factory) -> Path:
     return storage / "landed"
 
 
-def landed_as(landed_sweep: Path, storage: Path, name: str) -> None:
-    """A copy of the landed sweep's store as sweep `name` in `storage` (its rows, Tune's folders and config)."""
-    shutil.copytree(landed_sweep, storage / name)
-
-
 def test_rows_written_before_fingerprints_still_count_as_done(landed_sweep, tiny_bert, tmp_path, capsys):
-    landed_as(landed_sweep, tmp_path, "old")
+    shutil.copytree(landed_sweep, tmp_path / "old")  # its rows, Tune's folders and config
     rows = tmp_path / "old" / "rows"
     for path in rows.glob("*.parquet"):  # as an older version wrote them: no fingerprints, the old ids
         (row,) = pq.read_table(path).to_pylist()
@@ -100,7 +95,7 @@ def test_rows_written_before_fingerprints_still_count_as_done(landed_sweep, tiny
 
 
 def test_a_damaged_row_makes_a_rerun_train_that_trial_alone(landed_sweep, tiny_bert, tmp_path, capsys):
-    landed_as(landed_sweep, tmp_path, "damaged")
+    shutil.copytree(landed_sweep, tmp_path / "damaged")
     damaged, kept = sorted((tmp_path / "damaged" / "rows").glob("*.parquet"))
     kept_bytes = kept.read_bytes()
     damaged.write_bytes(damaged.read_bytes()[:100])

@@ -224,11 +224,9 @@ def test_a_probe_counts_what_it_tracks_and_makes_not_what_others_hold(device):
 def small_dev(data, n: int = 200):
     """`data` with its first `n` dev examples (two evaluation batches, the second partial): evaluating the whole
     dev set took a pack longer than an epoch of its steps, and a run's numbers are compared with another's."""
-    from trainables.data import TokenizedSplit
+    from trainables.finetune import select_rows
 
-    dev, end = data.validation, data.validation.offsets[n]
-    return dataclasses.replace(data, validation=TokenizedSplit(dev.input_ids[:end], dev.token_type_ids[:end],
-                                                               dev.offsets[:n + 1], dev.labels[:n]))
+    return dataclasses.replace(data, validation=select_rows(data.validation, np.arange(n)))
 
 
 def run(cfgs, data, pretrained, **options):
